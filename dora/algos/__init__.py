@@ -1,0 +1,1 @@
+"""Pure math on tensors: advantage estimators, policy losses, KL estimators (registries)."""

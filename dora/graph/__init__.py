@@ -1,0 +1,1 @@
+"""The model of a pipeline: nodes, ports, edges, pools; builder; YAML; validation; viz."""

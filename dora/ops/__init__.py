@@ -1,0 +1,1 @@
+"""Operators: dataset, generate (engines), reward, reference, advantage, update, critic, filter."""

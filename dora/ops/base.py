@@ -1,0 +1,81 @@
+"""The operator contract: the one interface every op (built-in or user) implements.
+
+A worker (one per node replica, in a process or a Ray actor) owns one Operator and drives it:
+
+    op.setup(ctx)                       once, before any data
+    op.source() -> Iterator[batch]      sources only (ops with no data inputs): pulled on demand,
+                                        one batch per credit, so a source never outruns its consumers
+    op.process(batch, port) -> batches  one input batch in, zero or more output batches out
+    op.poll() -> batches                called while op.busy() is true and no input is waiting:
+                                        engines step here and return what finished
+    op.finish() -> batches              after end-of-stream on every input (flush buffers)
+    op.call(method, args) -> result     a control request from the controller, only for names in
+                                        `control_methods` (load_version, export, import, stats, ...)
+    op.teardown()
+
+Returned batches go to the node's output port "out". Everything on the wire is an Arrow
+RecordBatch whose columns use the names in dora.graph.columns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable, Iterator
+
+import pyarrow as pa
+
+
+@dataclasses.dataclass
+class OpContext:
+    """What an operator knows about where it runs. Built by the worker from the graph and plan."""
+
+    node: str                      # node name in the graph
+    op: str                        # op name (registry key or import path)
+    replica: int                   # this replica's index, 0..replicas-1
+    replicas: int                  # number of replicas of this node
+    params: dict[str, Any]         # validated params with defaults filled in
+    model: dict[str, Any]          # the pipeline's shared `model:` section
+    device: str = "cpu"            # torch device string for this replica ("cpu", "cuda:0")
+    threads: int = 1               # CPU threads this replica may use
+    seed: int = 0
+    run_dir: str | None = None     # where checkpoints / weight files / logs go
+    async_cfg: dict[str, Any] = dataclasses.field(default_factory=dict)  # the pipeline's `async:` section
+    # Set by the worker: send an event to the controller (metrics, weights published, ...).
+    report: Callable[[dict[str, Any]], None] = lambda event: None
+
+    @property
+    def label(self) -> str:
+        return f"{self.node}[{self.replica}]"
+
+
+class Operator:
+    """Base class: override what your op needs. Defaults make a pass-through-free no-op."""
+
+    #: names of methods the controller may invoke through op.call (control plane)
+    control_methods: tuple[str, ...] = ()
+
+    def setup(self, ctx: OpContext) -> None:
+        self.ctx = ctx
+
+    def source(self) -> Iterator[pa.RecordBatch]:
+        raise NotImplementedError(f"{type(self).__name__} has no data inputs but does not implement source()")
+
+    def process(self, batch: pa.RecordBatch, port: str) -> Iterable[pa.RecordBatch]:
+        return ()
+
+    def busy(self) -> bool:
+        return False
+
+    def poll(self) -> Iterable[pa.RecordBatch]:
+        return ()
+
+    def finish(self) -> Iterable[pa.RecordBatch]:
+        return ()
+
+    def call(self, method: str, args: dict[str, Any]) -> Any:
+        if method not in self.control_methods:
+            raise ValueError(f"{type(self).__name__} has no control method {method!r}; it has {list(self.control_methods)}")
+        return getattr(self, method)(**args)
+
+    def teardown(self) -> None:
+        pass

@@ -1,0 +1,1 @@
+"""Executing a graph: channels, workers, placement, backends, versions, orchestrator, metrics."""

@@ -1,0 +1,1 @@
+"""Virtual clock, cost models, workloads: the same orchestrator on simulated engines."""
