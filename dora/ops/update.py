@@ -1,0 +1,261 @@
+"""Update op: the trainer. Buffers trajectories, trains one step per train_batch, publishes weights.
+
+A step (train_step) is taken as soon as the buffer can supply EXACTLY train_batch trajectories
+(ctx.async_cfg["train_batch"]) made of whole prompt groups, groups taken oldest policy_version
+first (then arrival order); anything left waits for the next step. Per step:
+
+1. rows -> micro-batches whose padded prompt+response size fits micro_batch_tokens;
+2. for each of ppo_epochs passes over the micro-batches: forward under the current weights,
+   loss from dora.algos.losses (ratio vs the proximal policy, truncated IS vs the engine's
+   behavior_logprobs, KL to ref_logprobs when kl_coef > 0 and the column is present, entropy
+   bonus), backward with batch-wide denominators, so accumulated gradients equal those of one
+   full-batch loss; then grad-norm clipping, the step's lr (warmup + cosine), one AdamW step.
+   old_logprobs (pi_prox) are the logprobs of pass 1, detached: the weights do not change
+   before pass 1's optimizer step, so they equal a separate no-grad pass and save a forward;
+3. version v -> v + 1: weights saved with dora.ops.weights.save_version and reported as
+   {"kind": "weights", "version", "path", "bytes", "seconds"}; then
+   {"kind": "train_step", "step", "version", "uids", "metrics": {...}, "seconds"};
+4. checkpoint every save_every steps and at the last step; after `steps` steps,
+   {"kind": "done", "step", "version"}; later input is counted and dropped.
+
+Version 0 (the initial weights) is published at setup, so every generate replica can start
+from the trainer's exact weights. The model comes from dora.ops.models.load_policy(ctx.model,
+ctx.device, seed=ctx.seed) unless a model_factory is given (tests, custom models).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, Iterable
+
+import pyarrow as pa
+import torch
+
+from dora.algos import kl as kl_mod
+from dora.algos import losses
+from dora.algos.schedule import lr_at
+from dora.ops import checkpoint, weights
+from dora.ops.base import OpContext, Operator
+from dora.ops.batching import collate, concat_rows, micro_batches, pad_lists, require_columns
+from dora.ops.logprobs import response_logprobs
+
+DEFAULTS: dict[str, Any] = {
+    "loss": "ppo_clip", "lr": 1e-5, "weight_decay": 0.0, "warmup_steps": 0, "total_steps": 0, "min_lr_ratio": 0.1,
+    "grad_clip": 1.0, "micro_batch_tokens": 4096, "clip_eps": 0.2, "clip_eps_high": None, "dual_clip": None,
+    "agg": "token_mean", "tis_cap": 2.0, "kl_coef": 0.0, "kl_estimator": "k3", "entropy_coef": 0.0, "ppo_epochs": 1,
+    "steps": 20, "save_every": 0,
+}
+NEEDS = ["uid", "prompt_ids", "response_ids", "behavior_logprobs", "advantages", "policy_version", "group_id"]
+OPTIONAL = ["reward", "ref_logprobs"]
+
+ModelFactory = Callable[[dict, str, int], tuple[Any, Any]]
+
+
+def default_model_factory(model_cfg: dict, device: str, seed: int):
+    """(model, tokenizer) from the pipeline's model section (dora.ops.models.load_policy)."""
+    from dora.ops.models import load_policy
+    return load_policy(model_cfg, device, seed=seed)
+
+
+class UpdateOp(Operator):
+    control_methods = ("train_ready", "stats")
+
+    def __init__(self, model_factory: ModelFactory | None = None):
+        self.model_factory = model_factory or default_model_factory
+
+    # ------------------------------------------------------------------ setup
+    def setup(self, ctx: OpContext) -> None:
+        super().setup(ctx)
+        p = self.p = {**DEFAULTS, **ctx.params}
+        label = ctx.label
+        losses.LOSSES.get(p["loss"])
+        kl_mod.ESTIMATORS.get(p["kl_estimator"])
+        self.loss_params = {"clip_eps": p["clip_eps"], "clip_eps_high": p["clip_eps_high"]}
+        if p["dual_clip"] is not None:
+            self.loss_params["dual_clip"] = p["dual_clip"]
+        losses.LOSSES.check_params(p["loss"], self.loss_params)
+        if p["agg"] not in losses.AGGS:
+            raise ValueError(f"{label}: unknown agg {p['agg']!r}; valid: {', '.join(losses.AGGS)}")
+        tb = ctx.async_cfg.get("train_batch")
+        if not isinstance(tb, int) or isinstance(tb, bool) or tb <= 0:
+            raise ValueError(f"{label}: async.train_batch must be a positive integer, got {tb!r}")
+        self.train_batch = tb
+        if not ctx.run_dir:
+            raise ValueError(f"{label}: update needs a run_dir for weights and checkpoints")
+        # keep the versions the rollout window can still be loading, plus one being written
+        self.keep_versions = int(ctx.async_cfg.get("max_staleness", 1)) + 2
+        torch.manual_seed(ctx.seed)
+        self.model, self.tokenizer = self.model_factory(ctx.model, ctx.device, ctx.seed)
+        self.model.to(ctx.device)
+        self.model.train()
+        self.params = [q for q in self.model.parameters() if q.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=p["lr"], weight_decay=p["weight_decay"])
+        self.temperature = float(p.get("temperature", 1.0))
+        self.pad_id = int(getattr(self.tokenizer, "pad_token_id", 0) or 0)
+        self.buffer: pa.Table | None = None
+        self.step = 0
+        self.version = 0
+        self.done = False
+        self.dropped_rows = 0
+        self.last_saved_step = -1
+        self._publish(seconds_train=None)
+
+    # ------------------------------------------------------------------ data in
+    def process(self, batch: pa.RecordBatch, port: str) -> Iterable[pa.RecordBatch]:
+        if self.done:
+            self.dropped_rows += batch.num_rows
+            return ()
+        require_columns(batch, NEEDS, self.ctx.label)
+        keep = NEEDS + [c for c in OPTIONAL if c in batch.schema.names]
+        table = pa.Table.from_batches([batch]).select(keep)
+        self.buffer = table if self.buffer is None else concat_rows([self.buffer, table])
+        while not self.done:
+            chosen = self._select()
+            if chosen is None:
+                break
+            self._train_step(chosen)
+        return ()
+
+    def finish(self) -> Iterable[pa.RecordBatch]:
+        if self.step > 0 and self.last_saved_step != self.step:
+            checkpoint.save_checkpoint(self.model, self.tokenizer, self.ctx.run_dir, self.step, {"version": self.version})
+            self.last_saved_step = self.step
+        return ()
+
+    def _select(self) -> list[int] | None:
+        """Row indices of exactly train_batch rows in whole groups, preferring the oldest policy_version; or None."""
+        if self.buffer is None or self.buffer.num_rows < self.train_batch:
+            return None
+        gids = self.buffer.column("group_id").to_pylist()
+        vers = self.buffer.column("policy_version").to_pylist()
+        groups: dict[int, list[int]] = {}
+        for i, g in enumerate(gids):
+            groups.setdefault(g, []).append(i)
+        order = sorted(groups, key=lambda g: (min(vers[i] for i in groups[g]), groups[g][0]))
+        sizes = [len(groups[g]) for g in order]
+        # reach[k] = the row counts that groups order[k:] can make up: a group is taken, oldest first,
+        # only if the rest can still complete exactly train_batch (greedy first-fit could block forever
+        # on an old group that never fits, and could skip a selection that exists).
+        target = self.train_batch
+        reach = [set() for _ in range(len(order) + 1)]
+        reach[-1] = {0}
+        for k in range(len(order) - 1, -1, -1):
+            reach[k] = reach[k + 1] | {s + sizes[k] for s in reach[k + 1] if s + sizes[k] <= target}
+        if target not in reach[0]:
+            return None
+        chosen: list[int] = []
+        need = target
+        for k, g in enumerate(order):
+            if need - sizes[k] >= 0 and (need - sizes[k]) in reach[k + 1]:
+                chosen += groups[g]
+                need -= sizes[k]
+            if need == 0:
+                break
+        return sorted(chosen)
+
+    def train_ready(self) -> bool:
+        return not self.done and self._select() is not None
+
+    # ------------------------------------------------------------------ training
+    def _train_step(self, chosen: list[int]) -> None:
+        t0 = time.perf_counter()
+        p = self.p
+        rows = self.buffer.take(chosen)
+        left = sorted(set(range(self.buffer.num_rows)) - set(chosen))
+        self.buffer = self.buffer.take(left) if left else None
+        cols = {c: rows.column(c).to_pylist() for c in rows.schema.names}
+        prompts, resps = cols["prompt_ids"], cols["response_ids"]
+        lengths = [len(r) for r in resps]
+        for name in ("behavior_logprobs", "advantages") + (("ref_logprobs",) if "ref_logprobs" in cols else ()):
+            bad = [u for u, r, x in zip(cols["uid"], resps, cols[name]) if x is None or len(x) != len(r)]
+            if bad:
+                raise ValueError(f"{self.ctx.label}: column {name} does not have one value per response token "
+                                 f"for trajectories {bad[:5]}")
+        if any(v is None for v in cols["policy_version"]):
+            raise ValueError(f"{self.ctx.label}: null policy_version in trajectories "
+                             f"{[u for u, v in zip(cols['uid'], cols['policy_version']) if v is None][:5]}")
+        use_ref = p["kl_coef"] > 0 and "ref_logprobs" in cols
+        total_tokens = float(sum(lengths))
+        total_seqs = float(sum(1 for n in lengths if n))
+        mbs = micro_batches([len(a) + len(b) for a, b in zip(prompts, resps)], int(p["micro_batch_tokens"]))
+        old: dict[int, torch.Tensor] = {}
+        sums: dict[str, float] = {}
+        weight_sum = 0.0
+        loss_total = 0.0
+        lr = lr_at(self.step, lr=p["lr"], warmup_steps=p["warmup_steps"], total_steps=p["total_steps"],
+                   min_lr_ratio=p["min_lr_ratio"])
+        grad_norms: list[float] = []
+        dev = self.ctx.device
+        for epoch in range(int(p["ppo_epochs"])):
+            self.optimizer.zero_grad(set_to_none=True)
+            for k, mb in enumerate(mbs):
+                pb = collate([prompts[i] for i in mb], [resps[i] for i in mb], self.pad_id).to(dev)
+                T = pb.response_ids.shape[1]
+                logp, ent = response_logprobs(self.model, pb, temperature=self.temperature, with_entropy=True,
+                                              entropy_grad=p["entropy_coef"] != 0)
+                if epoch == 0:
+                    old[k] = logp.detach()
+                extra = {}
+                if use_ref:
+                    extra = {"ref_logprobs": pad_lists([cols["ref_logprobs"][i] for i in mb], T).to(dev),
+                             "kl_coef": p["kl_coef"], "kl_estimator": p["kl_estimator"]}
+                loss, m = losses.compute(
+                    p["loss"], logprobs=logp, old_logprobs=old[k],
+                    advantages=pad_lists([cols["advantages"][i] for i in mb], T).to(dev), mask=pb.response_mask,
+                    agg=p["agg"], behavior_logprobs=pad_lists([cols["behavior_logprobs"][i] for i in mb], T).to(dev),
+                    tis_cap=p["tis_cap"], entropy=ent, entropy_coef=p["entropy_coef"],
+                    total_tokens=total_tokens, total_seqs=total_seqs, **extra, **self.loss_params)
+                loss.backward()
+                loss_total += m["loss"]
+                w = m["tokens"]
+                weight_sum += w
+                for key, val in m.items():
+                    if key not in ("loss", "pg_loss", "tokens"):
+                        sums[key] = max(sums.get(key, 0.0), val) if key == "ratio_max" else sums.get(key, 0.0) + val * w
+            clip = p["grad_clip"] if p["grad_clip"] and p["grad_clip"] > 0 else float("inf")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
+            grad_norms.append(grad_norm)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            if math.isfinite(grad_norm):
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        seconds_train = time.perf_counter() - t0
+
+        staleness = [self.version - v for v in cols["policy_version"]]
+        metrics = {key: (val if key == "ratio_max" else val / max(weight_sum, 1.0)) for key, val in sums.items()}
+        metrics.update({
+            "loss": loss_total / int(p["ppo_epochs"]), "lr": lr,
+            "grad_norm": sum(grad_norms) / len(grad_norms),  # before clipping, mean over ppo_epochs
+            "staleness_max": max(staleness), "staleness_mean": sum(staleness) / len(staleness),
+            "tokens": int(total_tokens), "trajectories": len(chosen), "micro_batches": len(mbs),
+            "response_len_mean": total_tokens / len(chosen),
+            "skipped_nonfinite_grad": sum(not math.isfinite(g) for g in grad_norms),
+        })
+        if "reward" in cols and all(r is not None for r in cols["reward"]):
+            metrics["reward_mean"] = sum(cols["reward"]) / len(cols["reward"])
+        self.step += 1
+        self.version += 1
+        self._publish(seconds_train)
+        self.ctx.report({"kind": "train_step", "node": self.ctx.node, "step": self.step, "version": self.version,
+                         "uids": cols["uid"], "metrics": metrics, "seconds": seconds_train})
+        save_every = int(p["save_every"])
+        if self.step >= int(p["steps"]) or (save_every > 0 and self.step % save_every == 0):
+            checkpoint.save_checkpoint(self.model, self.tokenizer, self.ctx.run_dir, self.step, {"version": self.version})
+            self.last_saved_step = self.step
+        if self.step >= int(p["steps"]):
+            self.done = True
+            self.ctx.report({"kind": "done", "node": self.ctx.node, "step": self.step, "version": self.version})
+
+    def _publish(self, seconds_train: float | None) -> None:
+        t0 = time.perf_counter()
+        path, nbytes = weights.save_version(self.model.state_dict(), self.ctx.run_dir, self.version)
+        weights.prune_versions(self.ctx.run_dir, self.keep_versions)
+        self.ctx.report({"kind": "weights", "node": self.ctx.node, "version": self.version, "path": path,
+                         "bytes": nbytes, "seconds": time.perf_counter() - t0})
+
+    # ------------------------------------------------------------------ control
+    def stats(self) -> dict:
+        return {"step": self.step, "version": self.version, "done": self.done, "train_batch": self.train_batch,
+                "buffered_rows": 0 if self.buffer is None else self.buffer.num_rows, "dropped_rows": self.dropped_rows}
