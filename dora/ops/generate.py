@@ -1,0 +1,164 @@
+"""The generate operator: prompt rows in, trajectory rows out, through a generation engine.
+
+process() only submits (one Request per row); the worker calls poll() while busy() and each
+poll() runs one engine step and emits the rows that finished in it, so short responses leave
+while long ones are still decoding. Every input column is passed through: the row travels in
+the request's meta (so it also survives export/import to another replica).
+
+Control methods (the rollout orchestrator drives these through the controller):
+    load_version(version, path)   weights file from the update op; only when idle / after interrupt_all
+    export(uids) -> states        removes them here; wire-safe (msgpack dict + raw KV frames)
+    import_(state, buffers)       resume states exported by a replica (KV reused at the same version)
+    interrupt_all() -> states     export everything (partial rollout before a version switch)
+    abort(uids) -> {"aborted": [...]}, stats() -> dict
+Each poll that finishes requests reports {"kind": "finished", "uids": [...], "version": v} per
+dispatched version, so the orchestrator can track outstanding work.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable
+
+import pyarrow as pa
+
+from dora.graph.columns import COLUMNS
+from dora.ops.base import Operator, OpContext
+from dora.ops.engines.base import Completion, Engine, Request, states_from_wire, states_to_wire
+
+OUTPUT_COLUMNS = ("response_ids", "response_text", "behavior_logprobs", "token_versions", "policy_version",
+                  "finish_reason")
+
+
+class GenerateOp(Operator):
+    control_methods = ("load_version", "export", "import_", "interrupt_all", "stats", "abort")
+
+    def setup(self, ctx: OpContext) -> None:
+        super().setup(ctx)
+        p = ctx.params
+        # weights from the run seed (identical to the trainer's start); sampling differs per replica
+        self.engine, self.tokenizer = make_engine(p, ctx.model, device=ctx.device, model_seed=ctx.seed,
+                                                  sample_seed=ctx.seed * 1000 + ctx.replica + 1,
+                                                  run_dir=ctx.run_dir, label=ctx.label)
+        self.stop_ids = stop_token_ids(p.get("stop") or [], self.tokenizer, ctx.label)
+        self.sampling = {k: p[k] for k in ("temperature", "top_p", "top_k", "max_tokens")}
+        self.in_fields: dict[str, pa.Field] = {}   # pass-through columns seen so far, in order
+
+    # ------------------------------------------------------------------ data
+    def process(self, batch: pa.RecordBatch, port: str) -> Iterable[pa.RecordBatch]:
+        for name in ("uid", "prompt_ids"):
+            if name not in batch.schema.names:
+                raise ValueError(f"{self.ctx.label}: input batch lacks column {name!r}; it has {batch.schema.names}")
+        for f in batch.schema:
+            if f.name not in OUTPUT_COLUMNS:
+                self.in_fields.setdefault(f.name, f)
+        rows = batch.to_pylist()
+        for row in rows:   # check the whole batch before submitting any of it
+            if not row["prompt_ids"]:
+                raise ValueError(f"{self.ctx.label}: row uid={row['uid']!r} has empty prompt_ids")
+        for row in rows:
+            version = row.get("policy_version")
+            version = self.engine.version if version is None else int(version)
+            self.engine.submit(Request(uid=str(row["uid"]), prompt_ids=[int(t) for t in row["prompt_ids"]],
+                                       version=version, stop_ids=self.stop_ids,
+                                       meta={"row": {k: v for k, v in row.items() if k not in OUTPUT_COLUMNS}},
+                                       **self.sampling))
+        return ()
+
+    def busy(self) -> bool:
+        return self.engine.has_work()
+
+    def poll(self) -> Iterable[pa.RecordBatch]:
+        done = [c for c in self.engine.step() if c.finish_reason != "abort"]
+        if not done:
+            return ()
+        by_version: dict[int, list[str]] = {}
+        for c in done:
+            by_version.setdefault(c.version, []).append(c.uid)
+        for v, uids in by_version.items():
+            self.ctx.report({"kind": "finished", "uids": uids, "version": v})
+        return [self.rows(done)]
+
+    def rows(self, done: list[Completion]) -> pa.RecordBatch:
+        out = []
+        for c in done:
+            row = dict(c.meta.get("row", {}))
+            row.update(response_ids=c.response_ids, response_text=self.tokenizer.decode(c.response_ids, skip_special_tokens=True),
+                       behavior_logprobs=c.logprobs, token_versions=c.token_versions, policy_version=c.version,
+                       finish_reason=c.finish_reason)
+            out.append(row)
+        # pass-through columns keep their input type; rows imported from another replica may
+        # bring columns this one never saw: well-known names get their fixed type, others inferred
+        names = list(dict.fromkeys(k for r in out for k in r if k not in OUTPUT_COLUMNS))
+        arrays, fields = [], []
+        for name in names + list(OUTPUT_COLUMNS):
+            values = [r.get(name) for r in out]
+            f = self.in_fields.get(name)
+            typ = f.type if f is not None else COLUMNS.get(name)
+            arr = pa.array(values, type=typ)
+            arrays.append(arr)
+            fields.append(f if f is not None else pa.field(name, arr.type))
+        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+
+    # ------------------------------------------------------------------ control
+    def load_version(self, version: int, path: str) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        self.engine.load_weights(int(version), path)
+        return {"version": int(version), "seconds": time.perf_counter() - t0}
+
+    def export(self, uids: list[str]):
+        return _with_buffers(*states_to_wire(self.engine.export([str(u) for u in uids])))
+
+    def interrupt_all(self):
+        return _with_buffers(*states_to_wire(self.engine.interrupt_all()))
+
+    def import_(self, state: dict[str, Any], buffers: list | None = None) -> dict[str, Any]:
+        states = states_from_wire(state, list(buffers or []))
+        self.engine.import_(states)
+        return {"imported": [s.request.uid for s in states]}
+
+    def abort(self, uids: list[str]) -> dict[str, Any]:
+        return {"aborted": [u for u in map(str, uids) if self.engine.abort(u) is not None]}
+
+    def stats(self) -> dict[str, Any]:
+        return self.engine.stats().to_dict()
+
+    def teardown(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.close()
+
+
+def _with_buffers(value: dict[str, Any], frames: list[bytes]):
+    # The worker sends WithBuffers results as msgpack + raw frames (KV tensors never pickled).
+    from dora.runtime.wire import WithBuffers
+    return WithBuffers(value, frames)
+
+
+def stop_token_ids(stop: list[str], tokenizer, label: str) -> list[int]:
+    """The `stop` param's strings as token ids: each must be exactly one token of the tokenizer."""
+    ids = []
+    for s in stop:
+        enc = tokenizer.encode(s, add_special_tokens=False)
+        if len(enc) != 1:
+            raise ValueError(f"{label}: stop string {s!r} is {len(enc)} tokens {enc}; generate stops on "
+                             "single-token strings only (use a string that is one token)")
+        ids.append(int(enc[0]))
+    return ids
+
+
+def make_engine(params: dict[str, Any], model_cfg: dict[str, Any], *, device: str = "cpu", model_seed: int = 0,
+                sample_seed: int = 0, run_dir: str | None = None, label: str = "generate") -> tuple[Engine, Any]:
+    """(engine, tokenizer) for the generate op's params and the pipeline's model section."""
+    from dora.ops.models import load_policy
+
+    name = params.get("engine", "torch")
+    if name == "torch":
+        from dora.ops.engines.torch_engine import TorchEngine
+        model, tok = load_policy(model_cfg, device, seed=model_seed)
+        return TorchEngine(model, version=0, max_batch=int(params.get("max_batch", 64)), seed=sample_seed), tok
+    if name == "vllm":
+        from dora.ops.engines.vllm_engine import VllmEngine
+        return VllmEngine.from_model_cfg(model_cfg, max_batch=int(params.get("max_batch", 64)), model_seed=model_seed,
+                                         sample_seed=sample_seed, run_dir=run_dir, label=label)
+    raise ValueError(f"{label}: unknown engine {name!r}; use 'torch' or 'vllm'")

@@ -1,0 +1,135 @@
+"""The generate operator over the torch engine: rows in/out, pass-through, reports, control methods."""
+
+from __future__ import annotations
+
+import msgpack
+import pyarrow as pa
+import pytest
+import torch
+
+from dora.graph.columns import COLUMNS
+from dora.ops.base import OpContext
+from dora.ops.generate import GenerateOp
+from dora.runtime.wire import WithBuffers
+
+torch.set_num_threads(1)
+MODEL = {"arch": "llama", "hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 64, "max_positions": 256}
+PARAMS = {"engine": "torch", "temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_tokens": 12, "stop": [], "max_batch": 4}
+
+
+def make_op(replica: int = 0, **params) -> tuple[GenerateOp, list]:
+    events: list = []
+    op = GenerateOp()
+    op.setup(OpContext(node="gen", op="generate", replica=replica, replicas=2, params={**PARAMS, **params},
+                       model=MODEL, seed=0, report=events.append))
+    return op, events
+
+
+def prompts(n: int, version: int | None = None) -> pa.RecordBatch:
+    rows = {"uid": [f"u{i}" for i in range(n)], "group_id": [i // 2 for i in range(n)],
+            "prompt_ids": [[10 + i, 20, 30 + (i % 5)] for i in range(n)], "answer": [str(i) for i in range(n)]}
+    types = {"uid": COLUMNS["uid"], "group_id": COLUMNS["group_id"], "prompt_ids": COLUMNS["prompt_ids"], "answer": COLUMNS["answer"]}
+    if version is not None:
+        rows["policy_version"] = [version] * n
+        types["policy_version"] = COLUMNS["policy_version"]
+    return pa.RecordBatch.from_pydict(rows, schema=pa.schema(types))
+
+
+def run(op: GenerateOp) -> list[pa.RecordBatch]:
+    out = []
+    for _ in range(1000):
+        if not op.busy():
+            return out
+        out += list(op.poll())
+    raise AssertionError("generate op still busy")
+
+
+def test_rows_stream_out_with_typed_columns_and_pass_through():
+    op, events = make_op()
+    assert list(op.process(prompts(10), "prompts")) == []
+    batches = run(op)
+    assert len(batches) > 1   # rows leave as they finish, not as one batch
+    table = pa.Table.from_batches(batches)
+    assert table.num_rows == 10 and sorted(table["uid"].to_pylist()) == sorted(f"u{i}" for i in range(10))
+    for name in ("response_ids", "response_text", "behavior_logprobs", "token_versions", "policy_version",
+                 "finish_reason", "group_id", "prompt_ids", "uid"):
+        assert table.schema.field(name).type == COLUMNS[name], name
+    assert table.schema.field("answer").type == pa.string()
+    for row in table.to_pylist():
+        i = int(row["uid"][1:])
+        assert row["answer"] == str(i) and row["group_id"] == i // 2
+        n = len(row["response_ids"])
+        assert 1 <= n <= 12 and len(row["behavior_logprobs"]) == n and row["token_versions"] == [0] * n
+        assert row["finish_reason"] in ("stop", "length") and row["policy_version"] == 0
+        assert row["response_text"] == op.tokenizer.decode(row["response_ids"], skip_special_tokens=True)
+    finished = [u for e in events if e["kind"] == "finished" for u in e["uids"]]
+    assert sorted(finished) == sorted(table["uid"].to_pylist())
+    assert all(e["version"] == 0 for e in events)
+
+
+def test_row_policy_version_tags_the_request():
+    op, events = make_op()
+    op.process(prompts(3, version=5), "prompts")
+    table = pa.Table.from_batches(run(op))
+    assert set(table["policy_version"].to_pylist()) == {5}
+    assert {e["version"] for e in events} == {5}
+    assert table.schema.field("policy_version").type == COLUMNS["policy_version"]
+
+
+def _through_msgpack(result: WithBuffers) -> tuple[dict, list]:
+    return msgpack.unpackb(msgpack.packb(result.value), raw=False), [memoryview(bytes(b)) for b in result.buffers]
+
+
+def test_export_import_between_replicas_then_load_version(tmp_path):
+    from dora.ops.weights import save_version
+    a, _ = make_op(0, temperature=0.0, max_tokens=10)
+    b, b_events = make_op(1, temperature=0.0, max_tokens=10)
+    ref, _ = make_op(0, temperature=0.0, max_tokens=10)
+    ref.process(prompts(4), "prompts")
+    want = {r["uid"]: r["response_ids"] for r in pa.Table.from_batches(run(ref)).to_pylist()}
+
+    a.process(prompts(4), "prompts")
+    for _ in range(3):
+        a.poll()
+    state, frames = _through_msgpack(a.call("export", {"uids": ["u0", "u2"]}))
+    assert len(frames) == 2 * 2 * 2    # 2 requests x 2 layers x (keys, values)
+    assert b.call("import_", {"state": state, "buffers": frames}) == {"imported": ["u0", "u2"]}
+    got = pa.Table.from_batches(run(a) + run(b)).to_pylist()
+    assert {r["uid"]: r["response_ids"] for r in got} == want
+    assert {r["uid"] for r in got if r["uid"] in ("u0", "u2")} == {"u0", "u2"}
+    assert b.call("stats", {})["reprefill_tokens"] == 0
+    assert sorted(u for e in b_events for u in e["uids"]) == ["u0", "u2"]
+    assert {r["answer"] for r in got} == {"0", "1", "2", "3"}   # pass-through columns survived migration
+
+    # a new version: interrupt, load, resume; tokens after the switch carry version 1
+    torch.manual_seed(3)
+    sd = {k: torch.randn_like(v) * 0.05 for k, v in a.engine.model.state_dict().items()}
+    path, _ = save_version(sd, str(tmp_path), 1)
+    a.process(prompts(2), "prompts")
+    a.poll()
+    with pytest.raises(RuntimeError, match="interrupt_all"):
+        a.call("load_version", {"version": 1, "path": path})
+    state, frames = _through_msgpack(a.call("interrupt_all", {}))
+    assert a.call("load_version", {"version": 1, "path": path})["version"] == 1
+    a.call("import_", {"state": state, "buffers": frames})
+    rows = pa.Table.from_batches(run(a)).to_pylist()
+    assert all(r["token_versions"][0] == 0 and r["token_versions"][-1] == 1 for r in rows if len(r["response_ids"]) > 1)
+    assert a.call("stats", {})["version"] == 1
+
+
+def test_abort_stop_strings_and_errors():
+    op, _ = make_op(max_tokens=50)
+    op.process(prompts(2), "prompts")
+    op.poll()
+    assert op.call("abort", {"uids": ["u0", "nope"]}) == {"aborted": ["u0"]}
+    assert [r["uid"] for b in run(op) for r in b.to_pylist()] == ["u1"]
+    with pytest.raises(ValueError, match="no control method"):
+        op.call("teardown", {})
+    with pytest.raises(ValueError, match="lacks column 'prompt_ids'"):
+        op.process(pa.RecordBatch.from_pydict({"uid": ["x"]}), "prompts")
+    with pytest.raises(ValueError, match="single-token"):
+        make_op(stop=["ab"])
+    sop, _ = make_op(stop=["\n"])
+    assert sop.stop_ids == [sop.tokenizer.encode("\n")[0]]
+    with pytest.raises(ValueError, match="unknown engine"):
+        make_op(engine="tgi")
