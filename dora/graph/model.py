@@ -91,7 +91,7 @@ class Graph:
     model: dict[str, Any] = dataclasses.field(default_factory=dict)
     async_: AsyncConfig = dataclasses.field(default_factory=AsyncConfig)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)        # other top-level sections kept for round-trip (e.g. run:)
-    source_file: str | None = None
+    source_file: str | None = dataclasses.field(default=None, compare=False)  # where it was loaded from (metadata, like loc)
     # Where each dotted YAML path came from ("nodes.rollout.params.temperature" -> file:line),
     # so that checks on a built Graph can still point at the line. Empty for Python-built graphs.
     locs: dict[str, SourceLoc] = dataclasses.field(default_factory=dict, compare=False, repr=False)

@@ -1,0 +1,179 @@
+"""The `dora` command: validate, draw and list pipelines; dispatch run and simulate.
+
+Exit codes: 0 ok, 1 failure, 2 bad input (config, graph, arguments). Bad input never
+ends in a traceback: it is reported as `file:line: error: ...` lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from typing import Sequence
+
+import dora
+
+EXAMPLES = """\
+examples:
+  dora validate pipelines/quickstart.yaml
+  dora validate pipelines/quickstart.yaml nodes.rollout.replicas=4 async.mode=dora
+  dora viz pipelines/grpo.yaml -o grpo.html          # also .svg, .dot, .mmd
+  dora ops                                           # every op: ports, columns, params
+  dora run pipelines/quickstart.yaml --out runs/quickstart
+  dora simulate --help
+"""
+
+# subcommands implemented elsewhere, imported only when used: name -> (module, function)
+DISPATCH = {
+    "run": ("dora.runtime.launch", "run_main"),
+    "simulate": ("dora.sim.cli", "simulate_main"),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dora",
+        description="Asynchronous RL post-training of language models as graphs of operators.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"dora {dora.__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    v = sub.add_parser("validate", help="check a pipeline file and report every problem", epilog=EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    v.add_argument("pipeline", help="pipeline YAML file")
+    v.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides, e.g. nodes.rollout.replicas=4")
+    z = sub.add_parser("viz", help="draw a pipeline (html, svg, dot, mmd)", epilog=EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    z.add_argument("pipeline", help="pipeline YAML file")
+    z.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides, e.g. nodes.rollout.replicas=4")
+    z.add_argument("-o", "--output", help="output file; its extension picks the format (.html .svg .dot .mmd)")
+    z.add_argument("--format", choices=("html", "svg", "dot", "mmd"), help="format (default: from -o, else mmd to stdout)")
+    z.add_argument("--engine", choices=("auto", "dot", "python"), default="auto", help="SVG layout: Graphviz dot if installed (auto) or pure Python")
+    z.add_argument("--force", action="store_true", help="draw even if the pipeline has validation errors")
+    o = sub.add_parser("ops", help="list the built-in operators: ports, columns, params")
+    o.add_argument("--json", action="store_true", help="machine-readable output")
+    for name in DISPATCH:
+        sub.add_parser(name, help=f"see `dora {name} --help`", add_help=False)
+    return p
+
+
+def _report(diags: list, stream=None) -> None:
+    stream = stream or sys.stderr
+    for d in diags:
+        print(d.format(), file=stream)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from dora.graph.diagnostics import errors_of
+    from dora.graph.validate import check_file
+
+    g, diags = check_file(args.pipeline, args.overrides)
+    _report(diags)
+    errs = errors_of(diags)
+    if g is None or errs:
+        print(f"{args.pipeline}: {len(errs)} error(s), {len(diags) - len(errs)} warning(s)", file=sys.stderr)
+        return 2
+    print(f"ok: pipeline {g.name!r} in {args.pipeline}: {len(g.nodes)} nodes, {len(g.edges)} data edges, "
+          f"{len(g.weights)} weights edges, async {g.async_.mode}" + (f"; {len(diags)} warning(s)" if diags else ""))
+    return 0
+
+
+def cmd_viz(args: argparse.Namespace) -> int:
+    from dora.graph import viz
+    from dora.graph.diagnostics import errors_of
+    from dora.graph.validate import check_file
+
+    fmt = args.format or (viz.format_of(args.output) if args.output else "mmd")
+    if fmt not in viz.FORMATS:
+        print(f"dora viz: cannot tell the format of {args.output!r}; use an extension in {viz.FORMATS} or --format", file=sys.stderr)
+        return 2
+    g, diags = check_file(args.pipeline, args.overrides)
+    _report(diags)
+    if g is None or (errors_of(diags) and not args.force):
+        print(f"{args.pipeline}: not drawn: fix the errors above (or pass --force)", file=sys.stderr)
+        return 2
+    try:
+        text = viz.render(g, fmt, args.engine)
+    except RuntimeError as e:     # --engine dot without Graphviz
+        print(f"dora viz: {e}", file=sys.stderr)
+        return 1
+    if not args.output:
+        sys.stdout.write(text)
+        return 0
+    try:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        print(f"dora viz: cannot write {args.output}: {e.strerror}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.output} ({fmt}, {len(g.nodes)} nodes)")
+    return 0
+
+
+def cmd_ops(args: argparse.Namespace) -> int:
+    from dora.graph.opspec import builtin_ops
+
+    ops = builtin_ops()
+    if args.json:
+        print(json.dumps([s.describe() for s in ops.values()], indent=2, default=str))
+        return 0
+    for s in ops.values():
+        print(f"{s.name}: {s.doc}")
+        print(f"  impl     {s.impl}")
+        for p in s.inputs:
+            print(f"  input    {p.name} needs {', '.join(p.needs) or '-'}")
+        if not s.inputs:
+            print("  input    - (source)")
+        print(f"  output   out adds {', '.join(s.adds) or '-'}" + ("  (+ weights edge to generate)" if s.is_update else ""))
+        for w in s.when:
+            cond = f"{w.param} {'not in' if w.negate else 'in'} {list(w.values)}"
+            parts = ([f"needs {', '.join(w.needs)}"] if w.needs else []) + ([f"adds {', '.join(w.adds)}"] if w.adds else [])
+            print(f"  when     {cond}: {'; '.join(parts)}")
+        for ps in s.params.values():
+            choices = f" {{{', '.join(map(str, ps.choices))}}}" if ps.choices else ""
+            print(f"  param    {ps.name}: {ps.type} = {json.dumps(ps.default)}{choices}  - {ps.doc}")
+        print()
+    return 0
+
+
+def _dispatch(name: str, rest: list[str]) -> int:
+    module, func = DISPATCH[name]
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name and (module == e.name or module.startswith(e.name + ".")):
+            print(f"dora {name}: not available in this installation ({module} is missing)", file=sys.stderr)
+            return 1
+        raise
+    fn = getattr(mod, func, None)
+    if fn is None:
+        print(f"dora {name}: {module} has no {func}()", file=sys.stderr)
+        return 1
+    return int(fn(rest) or 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DISPATCH:
+        return _dispatch(argv[0], argv[1:])
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:            # argparse: --help/--version (0) or bad arguments (2)
+        return int(e.code or 0)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    from dora.graph.diagnostics import GraphError
+
+    try:
+        return {"validate": cmd_validate, "viz": cmd_viz, "ops": cmd_ops}[args.command](args)
+    except GraphError as e:
+        _report(e.diagnostics)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

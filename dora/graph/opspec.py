@@ -1,0 +1,240 @@
+"""Operator declarations: the ports, columns and typed params an op promises.
+
+The graph layer checks pipelines against these declarations without importing any
+operator code: a built-in op names its implementation by import path (a string), and a
+user op `pkg.module:Class` is imported only to read its class attribute `spec`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+from typing import Any
+
+# Param types, by name (strings so that `dora ops --json` can print them). A trailing "?"
+# means "or None": "float?" accepts a float or null.
+PARAM_TYPES = ("int", "float", "bool", "str", "list", "dict")
+
+
+class OpError(ValueError):
+    """An op name that cannot be resolved to a declaration."""
+
+
+class ParamError(ValueError):
+    """Params that do not match an op's declaration; `problems` lists each one."""
+
+    def __init__(self, op: str, problems: list["ParamProblem"]):
+        self.op = op
+        self.problems = problems
+        super().__init__("; ".join(p.text() for p in problems))
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamProblem:
+    key: str
+    message: str
+    hint: str | None = None
+
+    def text(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    type: str            # one of PARAM_TYPES, optionally suffixed "?" (None allowed)
+    default: Any
+    doc: str
+    choices: tuple[Any, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.type.rstrip("?") not in PARAM_TYPES:
+            raise ValueError(f"param {self.name!r}: type {self.type!r} is not one of {PARAM_TYPES} (optionally with '?')")
+
+    @property
+    def optional(self) -> bool:
+        return self.type.endswith("?")
+
+    def check(self, value: Any) -> tuple[Any, str | None]:
+        """(coerced value, None) if `value` fits, else (value, what is wrong)."""
+        if value is None:
+            return (None, None) if self.optional else (value, f"must be {self.type}, got null")
+        base = self.type.rstrip("?")
+        ok: bool
+        if base == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif base == "float":
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if ok:
+                value = float(value)
+        elif base == "bool":
+            ok = isinstance(value, bool)
+        elif base == "str":
+            ok = isinstance(value, str)
+        elif base == "list":
+            ok = isinstance(value, (list, tuple))
+            if ok:
+                value = list(value)
+        else:
+            ok = isinstance(value, dict)
+        if not ok:
+            return value, f"must be {self.type}, got {type(value).__name__} {value!r}"
+        if self.choices is not None and value not in self.choices:
+            return value, f"must be one of {list(self.choices)}, got {value!r}"
+        return value, None
+
+    def describe(self) -> dict[str, Any]:
+        d = {"name": self.name, "type": self.type, "default": self.default, "doc": self.doc}
+        if self.choices is not None:
+            d["choices"] = list(self.choices)
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class PortSpec:
+    name: str
+    needs: tuple[str, ...] = ()   # columns that must arrive on this port
+
+
+@dataclasses.dataclass(frozen=True)
+class When:
+    """Columns an op needs/adds only for some param values (e.g. advantage estimator=gae
+    needs `values` and adds `returns`). Matches when params[param] is in `values`
+    (or, with negate=True, when it is not)."""
+
+    param: str
+    values: tuple[Any, ...]
+    needs: tuple[str, ...] = ()   # on every input port
+    adds: tuple[str, ...] = ()
+    negate: bool = False
+
+    def matches(self, params: dict[str, Any]) -> bool:
+        hit = params.get(self.param) in self.values
+        return hit != self.negate
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    name: str
+    doc: str
+    inputs: tuple[PortSpec, ...]
+    adds: tuple[str, ...]
+    params: dict[str, ParamSpec]
+    impl: str                               # "pkg.module:Class"; never imported by dora.graph
+    outputs: tuple[str, ...] = ("out",)
+    is_update: bool = False                 # may be the source of a weights edge
+    is_generate: bool = False               # may be the target of a weights edge
+    when: tuple[When, ...] = ()
+
+    @property
+    def is_source(self) -> bool:
+        return not self.inputs
+
+    def port(self, name: str) -> PortSpec | None:
+        return next((p for p in self.inputs if p.name == name), None)
+
+    def needs(self, port: str, params: dict[str, Any]) -> tuple[str, ...]:
+        """Columns needed on input `port`, given filled params."""
+        p = self.port(port)
+        base = p.needs if p else ()
+        extra = tuple(c for w in self.when if w.matches(params) for c in w.needs)
+        return tuple(dict.fromkeys(base + extra))
+
+    def added(self, params: dict[str, Any]) -> tuple[str, ...]:
+        """Columns this op adds to its output, given filled params."""
+        extra = tuple(c for w in self.when if w.matches(params) for c in w.adds)
+        return tuple(dict.fromkeys(self.adds + extra))
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-able description (for `dora ops --json`)."""
+        return {
+            "name": self.name,
+            "doc": self.doc,
+            "impl": self.impl,
+            "inputs": [{"name": p.name, "needs": list(p.needs)} for p in self.inputs],
+            "outputs": list(self.outputs),
+            "adds": list(self.adds),
+            "conditional": [
+                {"param": w.param, "values": list(w.values), "negate": w.negate, "needs": list(w.needs), "adds": list(w.adds)}
+                for w in self.when
+            ],
+            "params": [p.describe() for p in self.params.values()],
+            "is_update": self.is_update,
+            "is_generate": self.is_generate,
+        }
+
+
+def did_you_mean(word: str, candidates: list[str] | tuple[str, ...]) -> str | None:
+    """'did you mean X?' for the closest candidate, else None."""
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else None
+
+
+def builtin_ops() -> dict[str, OpSpec]:
+    from dora.graph.builtin_ops import BUILTIN_OPS
+
+    return BUILTIN_OPS
+
+
+def resolve_op(name: str) -> OpSpec:
+    """The declaration of a built-in op (by name) or a user op ("pkg.module:Class").
+
+    Raises OpError naming what is wrong and what would be right.
+    """
+    builtins = builtin_ops()
+    if name in builtins:
+        return builtins[name]
+    if ":" not in name:
+        hint = did_you_mean(name, sorted(builtins)) or f"built-in ops are {sorted(builtins)}; user ops are 'pkg.module:Class'"
+        raise OpError(f"unknown op {name!r} ({hint})")
+    module_name, _, attr = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # any import failure is the user's op's problem; say which
+        raise OpError(f"user op {name!r}: cannot import module {module_name!r}: {type(e).__name__}: {e}") from None
+    cls = getattr(module, attr, None)
+    if cls is None:
+        hint = did_you_mean(attr, [a for a in dir(module) if not a.startswith("_")])
+        raise OpError(f"user op {name!r}: module {module_name!r} has no attribute {attr!r}" + (f" ({hint})" if hint else ""))
+    spec = getattr(cls, "spec", None)
+    if not isinstance(spec, OpSpec):
+        raise OpError(
+            f"user op {name!r}: class {attr} has no class attribute `spec` of type dora.graph.opspec.OpSpec "
+            f"(declare its ports and params: spec = OpSpec(name=..., doc=..., inputs=(PortSpec('in', needs=(...)),), adds=(...), params={{...}}, impl={name!r}))"
+        )
+    return spec
+
+
+def param_problems(spec: OpSpec, params: dict[str, Any]) -> list[ParamProblem]:
+    """Every unknown or mistyped param in `params`, with a hint each."""
+    problems: list[ParamProblem] = []
+    for key, value in params.items():
+        ps = spec.params.get(key)
+        if ps is None:
+            hint = did_you_mean(key, list(spec.params)) or f"{spec.name} params are {sorted(spec.params)}"
+            problems.append(ParamProblem(key, f"unknown param {key!r} for op {spec.name!r}", hint))
+            continue
+        _, err = ps.check(value)
+        if err:
+            problems.append(ParamProblem(key, f"param {key!r} {err}", f"{ps.name}: {ps.doc}; default {ps.default!r}"))
+    return problems
+
+
+def fill_params(spec: OpSpec, params: dict[str, Any]) -> dict[str, Any]:
+    """Params with defaults filled in and values type-checked (ints widened to floats).
+
+    Raises ParamError listing every problem at once.
+    """
+    problems = param_problems(spec, params)
+    if problems:
+        raise ParamError(spec.name, problems)
+    out: dict[str, Any] = {}
+    for name, ps in spec.params.items():
+        if name in params:
+            out[name] = ps.check(params[name])[0]
+        else:
+            # copy mutable defaults so one node cannot change another's
+            d = ps.default
+            out[name] = list(d) if isinstance(d, list) else dict(d) if isinstance(d, dict) else d
+    return out

@@ -1,0 +1,126 @@
+"""Op declarations: the built-ins match the table in docs/architecture.md; resolve/fill params."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from dora.graph.builtin_ops import BUILTIN_OPS
+from dora.graph.opspec import OpError, OpSpec, ParamError, ParamSpec, PortSpec, fill_params, resolve_op
+
+DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "architecture.md")
+
+
+def split_top(text: str) -> list[str]:
+    """Split on commas outside parentheses."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return out + [cur.strip()] if cur.strip() else out
+
+
+def doc_value(raw: str):
+    """The default as the table writes it: the first token inside the parentheses."""
+    tok = re.match(r'\s*("[^"]*"|[^\s,;:=)]+)', raw).group(1)
+    try:
+        return json.loads(tok)
+    except ValueError:
+        return float(tok)
+
+
+def doc_table() -> dict[str, dict]:
+    with open(DOC) as f:
+        text = f.read()
+    section = text.split("## Built-in op parameters")[1].split("\n## ")[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or cells[0] in ("op", "---"):
+            continue
+        op, needs, adds, params = cells
+        names = lambda s: [] if s.startswith("-") else [c.strip() for c in re.sub(r"\(.*?\)", "", s).split(",") if c.strip()]
+        parsed = {}
+        for item in split_top(params):
+            name, _, rest = item.partition(" (")
+            parsed[name.strip()] = doc_value(rest)
+        rows[op] = {"needs": names(needs), "adds": names(adds), "params": parsed}
+    return rows
+
+
+def test_builtins_match_the_architecture_table():
+    table = doc_table()
+    assert set(table) == set(BUILTIN_OPS) == {"dataset", "generate", "reward", "reference", "critic", "advantage", "filter", "update"}
+    for op, row in table.items():
+        spec = BUILTIN_OPS[op]
+        assert [c for p in spec.inputs for c in p.needs] == row["needs"], op
+        assert list(spec.adds) == row["adds"], op
+        assert list(spec.params) == list(row["params"]), op
+        for name, default in row["params"].items():
+            assert spec.params[name].default == default, (op, name)
+    assert BUILTIN_OPS["advantage"].added({"estimator": "gae"}) == ("advantages", "returns")
+    assert "values" in BUILTIN_OPS["advantage"].needs("scored", {"estimator": "gae", "kl_coef": 0.0})
+
+
+def test_ports_and_impl_paths():
+    ports = {op: [p.name for p in s.inputs] for op, s in BUILTIN_OPS.items()}
+    assert ports == {"dataset": [], "generate": ["prompts"], "reward": ["trajectories"], "reference": ["trajectories"],
+                     "critic": ["trajectories"], "advantage": ["scored"], "filter": ["scored"], "update": ["batch"]}
+    for op, s in BUILTIN_OPS.items():
+        assert s.outputs == ("out",) and s.impl == f"dora.ops.{op}:{op.capitalize()}Op"
+    assert BUILTIN_OPS["update"].is_update and BUILTIN_OPS["generate"].is_generate
+    json.dumps([s.describe() for s in BUILTIN_OPS.values()])     # JSON-able for `dora ops --json`
+
+
+def test_graph_does_not_import_op_implementations():
+    import subprocess
+    import sys
+
+    code = ("import sys, dora.graph.validate, dora.graph.builder, dora.graph.viz, dora.cli; "
+            "from dora.graph.yaml_io import load_graph; from dora.graph.validate import validate; "
+            "validate(load_graph('pipelines/quickstart.yaml')); "
+            "bad = [m for m in sys.modules if m.startswith(('dora.ops', 'dora.runtime', 'torch'))]; print(bad); assert not bad")
+    r = subprocess.run([sys.executable, "-c", code], cwd=os.path.join(os.path.dirname(__file__), ".."), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_resolve_unknown_op_suggests():
+    with pytest.raises(OpError, match="did you mean 'advantage'"):
+        resolve_op("advantag")
+    with pytest.raises(OpError, match="cannot import module 'no_such_module_xyz'"):
+        resolve_op("no_such_module_xyz:Op")
+    with pytest.raises(OpError, match="has no attribute 'Nope'"):
+        resolve_op("dora.graph.opspec:Nope")
+    with pytest.raises(OpError, match="no class attribute `spec`"):
+        resolve_op("dora.graph.opspec:ParamSpec")
+
+
+def test_fill_params_defaults_types_and_copies():
+    spec = BUILTIN_OPS["update"]
+    p = fill_params(spec, {"lr": 1, "clip_eps_high": 0.28})
+    assert p["lr"] == 1.0 and isinstance(p["lr"], float) and p["dual_clip"] is None and p["loss"] == "ppo_clip"
+    assert list(p) == list(spec.params)
+    a, b = fill_params(BUILTIN_OPS["generate"], {}), fill_params(BUILTIN_OPS["generate"], {})
+    a["stop"].append("x")
+    assert b["stop"] == [] and BUILTIN_OPS["generate"].params["stop"].default == []
+    with pytest.raises(ParamError) as ei:
+        fill_params(spec, {"lr": "fast", "steps": True, "ppo_epoch": 2, "clip_eps": None})
+    keys = [pr.key for pr in ei.value.problems]
+    assert keys == ["lr", "steps", "ppo_epoch", "clip_eps"]
+    assert "did you mean 'ppo_epochs'" in str(ei.value) and "must be float, got str 'fast'" in str(ei.value)
+    assert "must be int, got bool True" in str(ei.value) and "must be float, got null" in str(ei.value)
+
+
+def test_param_spec_rejects_unknown_types():
+    with pytest.raises(ValueError, match="type 'tensor'"):
+        ParamSpec("x", "tensor", None, "doc")
+    spec = OpSpec("mine", "d", (PortSpec("in", ("reward",)),), ("z",), {"k": ParamSpec("k", "int?", None, "k")}, "m:C")
+    assert fill_params(spec, {"k": None}) == {"k": None} and fill_params(spec, {"k": 3}) == {"k": 3}
