@@ -1,0 +1,13 @@
+"""Rollout orchestration shared by the real runtime and the simulator (one control code, two clocks)."""
+
+from .config import MODES, RolloutConfig, RolloutConfigError
+from .controller import RolloutController, StepMetrics
+from .manager import RolloutManager
+from .orchestrator import Orchestrator, partition
+from .trace import TraceWriter
+from .transfer_queue import TransferQueue
+from .types import Finished, InstanceStats, Request, RequestState, RolloutInstance, Trajectory
+
+__all__ = ["MODES", "RolloutConfig", "RolloutConfigError", "RolloutController", "StepMetrics",
+           "RolloutManager", "Orchestrator", "partition", "TraceWriter", "TransferQueue", "Finished",
+           "InstanceStats", "Request", "RequestState", "RolloutInstance", "Trajectory"]

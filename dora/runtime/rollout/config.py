@@ -1,0 +1,70 @@
+"""Rollout configuration and the four modes as presets over the same components."""
+
+from __future__ import annotations
+
+import dataclasses
+
+MODES = ("sync", "one_step_off", "partial", "dora")
+
+
+class RolloutConfigError(ValueError):
+    pass
+
+
+@dataclasses.dataclass
+class RolloutConfig:
+    mode: str = "dora"
+    train_batch: int = 8192        # TBS: trajectories per training step (a multiple of group_size)
+    rollout_batch: int = 0         # RBS: outstanding trajectories kept dispatched (0 = mode default)
+    group_size: int = 16           # G: responses per prompt
+    max_staleness: int = 3         # K (dora, partial). sync forces 0, one_step_off forces 1
+    # Orchestrator triggers (besides the mandatory one after each training step):
+    rebalance_period_s: float = 30.0     # periodic trigger
+    kv_pressure: float = 0.92            # any instance above this KV use -> rebalance
+    kv_check_s: float = 30.0             # how often tick() polls instance stats for KV pressure
+    queue_pressure: float = 0.5          # queued/slots on one instance while a peer of its version idles
+    legacy_min_slack_steps: int = 2      # legacy filling only for versions with >= this many steps left
+    urgent_batch: int = 32               # an urgent version is spread to <= this many requests per instance
+    urgent_slack_steps: int = 2          # urgent = fewer than this many steps left before its data would be too stale
+    queue_allowance_groups: int = 1      # streaming: an instance gets new groups up to slots + this many groups
+    migrate: bool = True                 # dora: move requests between same-version instances
+
+    def resolved(self) -> "RolloutConfig":
+        """Validate and fill mode-dependent defaults; returns a new config."""
+        c = dataclasses.replace(self)
+        if c.mode not in MODES:
+            raise RolloutConfigError(f"unknown rollout mode {c.mode!r}; expected one of {', '.join(MODES)}")
+        if c.group_size < 1:
+            raise RolloutConfigError(f"group_size must be >= 1, got {c.group_size}")
+        if c.train_batch < c.group_size or c.train_batch % c.group_size:
+            raise RolloutConfigError(
+                f"train_batch ({c.train_batch}) must be a positive multiple of group_size ({c.group_size}): "
+                "a step trains whole groups (C2)")
+        if c.mode == "sync":
+            c.max_staleness, c.rollout_batch = 0, c.train_batch
+        elif c.mode == "one_step_off":
+            c.max_staleness, c.rollout_batch = 1, c.train_batch
+        else:
+            if c.max_staleness < 1:
+                raise RolloutConfigError(f"max_staleness must be >= 1 in mode {c.mode}, got {c.max_staleness}")
+            if c.rollout_batch == 0:
+                c.rollout_batch = c.train_batch + c.train_batch // 2
+        if c.rollout_batch < c.train_batch or c.rollout_batch % c.group_size:
+            raise RolloutConfigError(
+                f"rollout_batch ({c.rollout_batch}) must be a multiple of group_size ({c.group_size}) "
+                f"and >= train_batch ({c.train_batch})")
+        return c
+
+    @property
+    def batch_barrier(self) -> bool:
+        """sync / one_step_off generate whole batches: dispatch TBS only when nothing is in flight."""
+        return self.mode in ("sync", "one_step_off")
+
+    @property
+    def interrupt_on_publish(self) -> bool:
+        return self.mode == "partial"
+
+    @property
+    def multi_version(self) -> bool:
+        """dora: several versions live; instances re-partitioned across them."""
+        return self.mode == "dora"

@@ -1,0 +1,188 @@
+"""Load-balancing orchestrator: the paper's Algorithm 1 over RolloutInstances.
+
+rebalance():
+ 1. plan the injection for the newest version (RBS - R_sum, bounded by the staleness room);
+ 2. targets DP_w = round(D * R_w / sum R) by largest remainder, where R_w = requests in flight
+    on version w (plus the planned injection for the newest);
+ 3. shrink versions above target: release their least-loaded instances, migrating the
+    released instances' requests (with KV) to the remaining instances OF THE SAME VERSION.
+    A version with requests in flight always keeps >= 1 instance: rounding can give it 0,
+    but its work is never dropped or stranded; it keeps one instance until drained;
+ 4. grow versions below target (newest first) from the free instances (weight-transfer map:
+    instance -> version), then give any instance left free to the newest version;
+ 5. intra-version balance: move requests queued beyond an instance's slots to same-version
+    instances with free slots (the most recently submitted first: they are the ones queued).
+Legacy filling (new prompts into idle slots of older versions) is done by the controller.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+
+from .manager import RolloutManager
+from .trace import TraceWriter
+
+
+def partition(total: int, load: dict[int, int]) -> dict[int, int]:
+    """DP_w = round(total * R_w / sum R), rounded by largest remainder so the sum is `total`;
+    every version with load > 0 gets >= 1 while total allows (oldest first beyond that)."""
+    live = {v: n for v, n in load.items() if n > 0}
+    if not live or total <= 0:
+        return {}
+    s = sum(live.values())
+    exact = {v: total * n / s for v, n in live.items()}
+    out = {v: math.floor(x) for v, x in exact.items()}
+    left = total - sum(out.values())
+    for v in sorted(live, key=lambda v: (out[v] - exact[v], v))[:left]:
+        out[v] += 1
+    # never zero for a version with work: take from the largest (newest on ties)
+    for v in sorted(live):
+        if out[v] == 0:
+            donor = max((w for w in out if out[w] > 1), key=lambda w: (out[w], w), default=None)
+            if donor is None:
+                break
+            out[donor] -= 1
+            out[v] = 1
+    return out
+
+
+class Orchestrator:
+    def __init__(self, manager: RolloutManager, clock, trace: TraceWriter, on_load, on_migrated):
+        self.m, self.clock, self.trace = manager, clock, trace
+        self.on_load = on_load              # callback(name, version): controller loads weights + books it
+        self.on_migrated = on_migrated      # callback(n_requests, kv_bytes)
+        self.slots: dict[str, int] = {}
+
+    def slots_of(self, name: str) -> int:
+        s = self.slots.get(name)
+        if s is None:
+            s = self.slots[name] = self.m.slots[name] = max(1, self.m.instances[name].stats().slots)
+        return s
+
+    def migrate(self, src: str, uids: list[str], dests: list[str]) -> int:
+        """Move requests from src to the least-loaded of dests (all the same version as src)."""
+        m = self.m
+        if not uids or not dests:
+            return 0
+        version = m.instances[src].version
+        assert all(m.instances[d].version == version for d in dests), "migration across versions"
+        states = m.instances[src].export(uids)
+        reqs = {r.uid: r for r in m.forget(src, [s.uid for s in states])}
+        loads = {d: m.load(d) - self.slots_of(d) for d in dests}
+        per: dict[str, list] = collections.defaultdict(list)
+        for s in states:
+            d = min(loads, key=loads.__getitem__)
+            per[d].append(s)
+            loads[d] += 1
+        kv = 0
+        for d, ss in per.items():
+            m.place(d, [reqs[s.uid] for s in ss])
+            m.instances[d].import_(ss)
+            kv += sum(s.kv_bytes for s in ss)
+        now = self.clock.now()
+        self.trace.instant("orchestrator", "migrations", f"migrate v{version}", now,
+                           src=src, dests=sorted(per), requests=len(states), kv_bytes=kv)
+        self.on_migrated(len(states), kv)
+        return len(states)
+
+    def rebalance(self, newest: int, inject: int, next_step: int | None = None, max_staleness: int = 0,
+                  urgent_batch: int = 0, urgent_slack: int = 2) -> dict[str, int]:
+        m = self.m
+        load = dict(m.outstanding)
+        if inject:
+            load[newest] = load.get(newest, 0) + inject
+        targets = partition(len(m.instances), load) or {newest: len(m.instances)}
+        urgent = self._urgent(load, newest, next_step, max_staleness, urgent_slack)
+        if urgent_batch and urgent:
+            # deadline: a version the trainer must drain by the next step gets instances enough for
+            # small batches (faster tokens), taken from the newest version's share
+            for v in urgent:
+                want = min(-(-load[v] // urgent_batch), len(m.instances) - 1)
+                give = min(want - targets.get(v, 0), targets.get(newest, 0) - 1)
+                if give > 0:
+                    targets[v] = targets.get(v, 0) + give
+                    targets[newest] -= give
+        hosts: dict[int | None, list[str]] = collections.defaultdict(list)
+        for n, inst in m.instances.items():
+            hosts[inst.version].append(n)
+        free: list[str] = []
+        for v, names in list(hosts.items()):
+            if v is None or load.get(v, 0) == 0:
+                free.extend(names)          # nothing in flight on this version: free to reassign
+                hosts[v] = []
+                continue
+            # shrink only as far as the version's requests still fit in the slots it keeps:
+            # consolidating stragglers into queues would delay the drain the trainer waits on
+            slots = max(self.slots_of(n) for n in names)
+            keep_n = max(1, targets.get(v, 0), -(-load[v] // slots))
+            if v in urgent:           # near its deadline: keep enough instances for small batches
+                keep_n = min(len(names), max(keep_n, -(-load[v] // max(1, urgent_batch))))
+            extra = len(names) - keep_n
+            if extra <= 0:
+                continue
+            names.sort(key=m.load)
+            release, keep = names[:extra], names[extra:]
+            for n in release:
+                self.migrate(n, list(m.on_instance[n]), keep)
+            hosts[v] = keep
+            free.extend(release)
+        moves: dict[str, int] = {}
+        for v in sorted(targets, reverse=True):
+            need = targets[v] - len(hosts[v])
+            if need <= 0:
+                continue
+            free.sort(key=lambda n: m.instances[n].version != v)   # already on v: no load needed
+            for n in free[:need]:
+                if m.instances[n].version != v:
+                    moves[n] = v
+                hosts[v].append(n)
+            free = free[need:]
+        for n in free:
+            if m.instances[n].version != newest:
+                moves[n] = newest
+        for n, v in moves.items():
+            self.on_load(n, v)
+        self.balance_within_versions(urgent if urgent_batch else ())
+        return moves
+
+    @staticmethod
+    def _urgent(load: dict[int, int], newest: int, next_step: int | None, k: int, slack: int) -> list[int]:
+        if next_step is None:
+            return []
+        return [v for v, n in load.items() if n and v != newest and v + k - next_step < slack]
+
+    def balance_within_versions(self, even: tuple | list = ()) -> int:
+        """Move queued-beyond-slots requests to same-version peers with free slots; for versions
+        in `even` (urgent ones), even out the loads completely (running requests move with KV)."""
+        m, moved = self.m, 0
+        hosts: dict[int | None, list[str]] = collections.defaultdict(list)
+        for n, inst in m.instances.items():
+            hosts[inst.version].append(n)
+        for v, names in hosts.items():
+            if v is None or len(names) < 2:
+                continue
+            if v in even:
+                total = sum(m.load(n) for n in names)
+                cap = -(-total // len(names))
+                under = [n for n in names if m.load(n) < cap]
+                for n in sorted(names, key=m.load, reverse=True):
+                    k = m.load(n) - cap
+                    if k <= 0 or not under:
+                        break
+                    moved += self.migrate(n, list(m.on_instance[n])[-k:], under)
+                    under = [u for u in under if m.load(u) < cap]
+                continue
+            over = [(n, m.load(n) - self.slots_of(n)) for n in names if m.load(n) > self.slots_of(n)]
+            under = [n for n in names if m.load(n) < self.slots_of(n)]
+            if not over or not under:
+                continue
+            room = sum(self.slots_of(n) - m.load(n) for n in under)
+            for n, excess in sorted(over, key=lambda x: -x[1]):
+                k = min(excess, room)
+                if k <= 0:
+                    break
+                uids = list(m.on_instance[n])[-k:]
+                moved += self.migrate(n, uids, under)
+                room -= k
+        return moved

@@ -1,0 +1,165 @@
+"""`dora simulate`: run the rollout modes side by side on the cluster simulator.
+
+    dora simulate --workload dapo-math --model qwen2.5-32b --gpus 64 \
+        --modes sync,one_step_off,partial,dora --steps 20 --seed 0 --json out.json
+
+Prints a table and (with --json) writes a JSON array: one object per mode, then the `ideal` row.
+Exit codes: 0 ok, 1 simulation failed, 2 bad arguments or input files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from dora.runtime.rollout import MODES, RolloutConfig, RolloutConfigError, TraceWriter
+
+from .costmodel import MODELS
+from .simulator import SimConfig, SimulationError, ideal, simulate
+from .workloads import WorkloadError, get_workload
+
+KEYS = ("mode", "step_time_s", "tokens_per_s", "rollout_only_fraction", "bubble_fraction", "staleness_max",
+        "c1_violations", "c2_violations", "c3_violations", "overhead_fraction")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):              # argparse exits 2 itself; say it our way
+        raise _BadArgs(message)
+
+
+class _BadArgs(Exception):
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="dora simulate", description="Simulate rollout modes (sync, one_step_off, partial, dora) "
+                "on a virtual cluster with the real orchestrator code.")
+    p.add_argument("--workload", default="dapo-math", help="built-in workload (dapo-math)")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="JSONL of {prompt_tokens, response_tokens} to resample instead of --workload")
+    p.add_argument("--model", default="qwen2.5-32b", help=f"one of {', '.join(MODELS)}")
+    p.add_argument("--gpus", type=int, default=64)
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-staleness", type=int, default=3, help="K for dora and partial")
+    p.add_argument("--train-batch", type=int, default=8192, help="TBS, trajectories per training step")
+    p.add_argument("--rollout-batch", type=int, default=0,
+                   help="RBS, trajectories kept in flight (dora/partial; 0 = 1.5 x TBS)")
+    p.add_argument("--group-size", type=int, default=16, help="G, responses per prompt")
+    p.add_argument("--train-gpus", type=int, default=0, help="trainer pool size for disaggregated modes (0 = balanced)")
+    p.add_argument("--json", default=None, metavar="FILE", help="write results as a JSON array")
+    p.add_argument("--trace-out", default=None, metavar="FILE",
+                   help="Chrome/Perfetto trace (one file per mode: FILE with .<mode> before the extension)")
+    p.add_argument("--per-step", action="store_true", help="include per-step metrics in the JSON")
+    return p
+
+
+def _configs(a: argparse.Namespace) -> list[SimConfig]:
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise _BadArgs(f"--modes: unknown mode(s) {', '.join(bad) or '(none given)'}; expected a subset of {','.join(MODES)}")
+    if a.model not in MODELS:
+        raise _BadArgs(f"--model: unknown model {a.model!r}; expected one of {', '.join(MODELS)}")
+    tp = MODELS[a.model].tp
+    if a.gpus < 2 * tp or a.gpus % tp:
+        raise _BadArgs(f"--gpus {a.gpus}: must be a multiple of {tp} (the rollout TP size of {a.model}) and >= {2 * tp}")
+    if a.steps < 1:
+        raise _BadArgs(f"--steps must be >= 1, got {a.steps}")
+    if a.train_gpus and not (0 < a.train_gpus <= a.gpus - tp):
+        raise _BadArgs(f"--train-gpus {a.train_gpus}: must leave at least one rollout group of {tp} GPUs out of {a.gpus}")
+    get_workload(a.workload, a.trace)          # WorkloadError -> exit 2
+    out = []
+    for m in modes:
+        c = SimConfig(mode=m, model=a.model, gpus=a.gpus, steps=a.steps, seed=a.seed, train_batch=a.train_batch,
+                      rollout_batch=a.rollout_batch, group_size=a.group_size, max_staleness=a.max_staleness,
+                      workload=a.workload, trace_file=a.trace, train_gpus=a.train_gpus)
+        RolloutConfig(mode=m, train_batch=c.train_batch, rollout_batch=c.rollout_batch, group_size=c.group_size,
+                      max_staleness=c.max_staleness).resolved()   # RolloutConfigError -> exit 2
+        out.append(c)
+    return out
+
+
+def _trace_path(base: str, mode: str, many: bool) -> str:
+    if not many:
+        return base
+    stem, dot, ext = base.rpartition(".")
+    return f"{stem}.{mode}.{ext}" if dot else f"{base}.{mode}"
+
+
+def _print_table(rows: list[dict[str, Any]], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=title)
+    cols = [("mode", "mode"), ("step_time_s", "step s"), ("tokens_per_s", "tok/s"), ("ratio_to_sync", "x sync"),
+            ("ratio_to_ideal", "/ ideal"), ("rollout_only_fraction", "rollout-only"), ("bubble_fraction", "bubble"),
+            ("overhead_fraction", "overhead"), ("staleness_max", "stale max"), ("c1_violations", "C1"),
+            ("c2_violations", "C2"), ("c3_violations", "C3"), ("migrated_requests", "migrated"),
+            ("reprefill_tokens", "re-prefill tok")]
+    for _, h in cols:
+        t.add_column(h, justify="left" if h == "mode" else "right")
+    for r in rows:
+        cells = []
+        for k, _ in cols:
+            v = r.get(k, "")
+            if isinstance(v, float):
+                v = f"{v:.1%}" if k.endswith("fraction") else (f"{v:.2f}" if k.startswith("ratio") else f"{v:,.0f}")
+            elif isinstance(v, int):
+                v = f"{v:,}"
+            cells.append(str(v))
+        t.add_row(*cells)
+    Console(width=None if sys.stdout.isatty() else 180).print(t)   # pipes: don't squash columns
+
+
+def simulate_main(argv: list[str] | None = None) -> int:
+    try:
+        a = build_parser().parse_args(argv)
+        configs = _configs(a)
+    except _BadArgs as e:
+        print(f"dora simulate: error: {e}", file=sys.stderr)
+        return 2
+    except (RolloutConfigError, WorkloadError) as e:
+        print(f"dora simulate: error: {e}", file=sys.stderr)
+        return 2
+    rows: list[dict[str, Any]] = []
+    for c in configs:
+        trace = TraceWriter(enabled=bool(a.trace_out))
+        try:
+            r = simulate(c, trace)
+        except SimulationError as e:
+            print(f"dora simulate: {c.mode} failed: {e}", file=sys.stderr)
+            return 1
+        if not a.per_step:
+            r.pop("per_step", None)
+        rows.append(r)
+        if a.trace_out:
+            trace.write(_trace_path(a.trace_out, c.mode, len(configs) > 1))
+    best = ideal(configs[0])
+    sync = next((r for r in rows if r["mode"] == "sync"), None)
+    for r in rows:
+        r["ratio_to_ideal"] = r["tokens_per_s"] / best["tokens_per_s"]
+        if sync:
+            r["ratio_to_sync"] = r["tokens_per_s"] / sync["tokens_per_s"]
+    best["ratio_to_ideal"] = 1.0
+    if sync:
+        best["ratio_to_sync"] = best["tokens_per_s"] / sync["tokens_per_s"]
+    for k in KEYS:
+        best.setdefault(k, 0)
+    rows.append(best)
+    _print_table(rows, f"{configs[0].model}, {a.gpus} GPUs, {a.train_batch} trajectories/step (G={a.group_size}), "
+                       f"K={a.max_staleness}, {a.steps} steps, {configs[0].workload if not a.trace else a.trace}")
+    if a.json:
+        try:
+            with open(a.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        except OSError as e:
+            print(f"dora simulate: error: cannot write {a.json}: {e.strerror}", file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(simulate_main())

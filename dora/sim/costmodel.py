@@ -1,0 +1,100 @@
+"""Cost model: how long prefill, decode, training, weight transfer and KV migration take.
+
+Rough H800 figures (989 TFLOP/s dense bf16, 3.35 TB/s HBM, ~50 GB/s effective P2P for weights and
+KV between nodes) and achievable efficiencies; calibrated so that synchronous GRPO on
+Qwen2.5-32B, 512 prompts x 16, DAPO-Math lengths, 64 GPUs lands near the paper's ~20+ min step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    params_b: float             # parameters, billions
+    layers: int
+    kv_heads: int
+    head_dim: int
+    tp: int                     # GPUs per rollout group (DP rollout instance)
+    max_batch: int = 256        # max concurrent sequences per instance (max_num_seqs)
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params_b * 1e9 * 2                         # bf16
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * 2   # K and V, bf16
+
+
+MODELS = {
+    "qwen2.5-32b": ModelSpec("qwen2.5-32b", 32.8, 64, 8, 128, tp=4),
+    "qwen2.5-32b-tp8": ModelSpec("qwen2.5-32b-tp8", 32.8, 64, 8, 128, tp=8),
+    "qwen2.5-1.5b": ModelSpec("qwen2.5-1.5b", 1.54, 28, 2, 128, tp=1),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    name: str = "h800"
+    flops: float = 989e12       # dense bf16 per GPU
+    hbm_bw: float = 3.35e12     # bytes/s per GPU
+    hbm_bytes: float = 80e9
+    p2p_bw: float = 50e9        # weights / KV between instances, bytes/s per link
+    mfu_prefill: float = 0.45
+    mfu_train: float = 0.38
+    mbu_decode: float = 0.70    # fraction of HBM bandwidth decode achieves
+
+
+class CostModel:
+    def __init__(self, model: ModelSpec, hw: Hardware = Hardware()):
+        self.model, self.hw = model, hw
+        tp = model.tp
+        # decode step: read the weights once + per-sequence compute/overheads + read the KV context
+        self.t_step0 = model.weight_bytes / tp / (hw.hbm_bw * hw.mbu_decode) + 0.020  # + TP all-reduces, launch, sampling
+        self.t_per_seq = 2 * model.params_b * 1e9 / (tp * hw.flops * 0.35) + 2e-5
+        self.t_per_ctx_token = model.kv_bytes_per_token / tp / (hw.hbm_bw * hw.mbu_decode)
+        self.prefill_per_token = 2 * model.params_b * 1e9 / (tp * hw.flops * hw.mfu_prefill)
+        self.kv_capacity_tokens = int(max(0.0, 0.9 * tp * hw.hbm_bytes - model.weight_bytes) / model.kv_bytes_per_token)
+        # training: forward+backward (6N) plus recomputing old/ref log-probs (2 x 2N) per token,
+        # plus a per-step cost that does not shrink with GPUs (pipeline fill/drain of the log-prob
+        # and update passes, optimizer step, weight gather). The paper's sync step times at 64 and
+        # 128 GPUs (22.9 / 20.2 min, 65% / 73% rollout-only) imply ~175 s of it for 32B.
+        self.train_flops_per_token = 10 * model.params_b * 1e9
+        self.train_fixed_s = 150.0 * model.params_b / 32.8
+
+    # -- rollout ----------------------------------------------------------------------------------
+    def decode_step_s(self, batch: int, ctx_tokens: float) -> float:
+        """Time of one decode iteration for `batch` running sequences holding ctx_tokens of KV."""
+        return self.t_step0 + self.t_per_seq * batch + self.t_per_ctx_token * ctx_tokens
+
+    def prefill_s(self, new_tokens: int, ctx_before: int = 0) -> float:
+        """Prefill of new_tokens after ctx_before cached tokens; attention makes it superlinear."""
+        if new_tokens <= 0:
+            return 0.0
+        mean_ctx = ctx_before + new_tokens / 2
+        return new_tokens * self.prefill_per_token * (1.0 + mean_ctx / 16384)
+
+    def weight_load_s(self) -> float:
+        return self.model.weight_bytes / self.model.tp / self.hw.p2p_bw + 0.5
+
+    def kv_transfer_s(self, kv_bytes: int) -> float:
+        return kv_bytes / self.hw.p2p_bw + 0.002
+
+    # -- training ---------------------------------------------------------------------------------
+    def train_s(self, tokens: int, gpus: int) -> float:
+        return tokens * self.train_flops_per_token / (gpus * self.hw.flops * self.hw.mfu_train) + self.train_fixed_s
+
+    def publish_s(self) -> float:
+        """Trainer -> rollout weight hand-off (gather/reshard to a servable copy)."""
+        return self.model.weight_bytes / self.hw.p2p_bw + 1.0
+
+    # -- ideal bound ------------------------------------------------------------------------------
+    def gpu_s_per_decoded_token(self, mean_ctx: float) -> float:
+        """Decode GPU-seconds per token at a full batch (the most efficient point)."""
+        b = self.model.max_batch
+        ctx = min(b * mean_ctx, self.kv_capacity_tokens)
+        b_eff = min(b, max(1, int(self.kv_capacity_tokens / max(1.0, mean_ctx))))
+        return self.decode_step_s(b_eff, ctx) / b_eff * self.model.tp

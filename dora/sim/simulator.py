@@ -1,0 +1,188 @@
+"""The cluster simulator: the real RolloutController driven on a VirtualClock by SimInstances
+and a SimTrainer whose costs come from the cost model.
+
+Placement: `sync` is colocated (every GPU generates, then every GPU trains; the controller's
+barrier guarantees they never overlap, and the simulator checks it). The other modes are
+disaggregated: a trainer pool and a rollout pool, split in proportion to their expected work per
+step (`--train-gpus` overrides), identical for one_step_off, partial and dora.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from dora.runtime.rollout import RolloutConfig, RolloutController, TraceWriter
+
+from .clock import VirtualClock
+from .costmodel import MODELS, CostModel
+from .engines import SimInstance
+from .trainer import SimTrainer
+from .workloads import PromptSource, Workload, get_workload
+
+
+ROLLOUT_EFFICIENCY = 0.85   # measured: DORA's rollout pool vs the full-batch decode bound
+
+
+class SimulationError(RuntimeError):
+    pass
+
+
+@dataclasses.dataclass
+class SimConfig:
+    mode: str = "dora"
+    model: str = "qwen2.5-32b"
+    gpus: int = 64
+    steps: int = 20
+    seed: int = 0
+    train_batch: int = 8192
+    rollout_batch: int = 0          # 0 = mode default
+    group_size: int = 16
+    max_staleness: int = 3
+    workload: str = "dapo-math"
+    trace_file: str | None = None
+    train_gpus: int = 0             # 0 = balanced split (disaggregated modes)
+    tick_s: float = 5.0
+    max_batch: int = 0              # override the model's slots per instance (0 = model default)
+    kv_tokens: int = 0              # override KV capacity per instance in tokens (0 = from the cost model)
+    rollout: dict = dataclasses.field(default_factory=dict)   # extra RolloutConfig fields (thresholds)
+    max_idle_sim_s: float = 86400.0  # no training step for this long (simulated) = stuck
+
+
+def placement(cfg: SimConfig, cost: CostModel, workload: Workload) -> tuple[int, int, bool]:
+    """(rollout instances, trainer GPUs, colocated)."""
+    tp = cost.model.tp
+    if cfg.gpus < tp or cfg.gpus % tp:
+        raise ValueError(f"--gpus {cfg.gpus} must be a positive multiple of the rollout TP size {tp} ({cost.model.name})")
+    if cfg.mode == "sync":
+        return cfg.gpus // tp, cfg.gpus, True
+    if cfg.train_gpus:
+        train = cfg.train_gpus
+    else:
+        # balance: minimise max(trainer time (fixed + work / train GPUs), rollout time (work / rollout GPUs))
+        p, r, ctx = workload.mean_lengths()
+        n = cfg.train_batch
+        roll = n * (r * cost.gpu_s_per_decoded_token(ctx) + cost.prefill_s(int(p)) * tp) / ROLLOUT_EFFICIENCY
+        trn = n * (p + r) * cost.train_flops_per_token / (cost.hw.flops * cost.hw.mfu_train)
+        train = min(range(1, cfg.gpus - tp + 1),
+                    key=lambda t: max(cost.train_fixed_s + trn / t, roll / ((cfg.gpus - t) // tp * tp)))
+    rollout = (cfg.gpus - train) // tp
+    if rollout < 1 or train < 1:
+        raise ValueError(f"--gpus {cfg.gpus}: cannot split into a trainer pool and >= 1 rollout group of {tp} GPUs")
+    return rollout, cfg.gpus - rollout * tp, False
+
+
+def ideal(cfg: SimConfig) -> dict[str, float]:
+    """The bound with no bubbles: rollout decodes at its most efficient batch, nothing ever waits.
+    Best of: colocated (all step work over all GPUs, plus the trainer's fixed per-step cost) and
+    disaggregated at the best real-valued split T (max(fixed + train work / T, rollout work / (N - T)))."""
+    cost = CostModel(MODELS[cfg.model])
+    w = get_workload(cfg.workload, cfg.trace_file)
+    p, r, ctx = w.mean_lengths(seed=cfg.seed + 1)
+    n, N = cfg.train_batch, cfg.gpus
+    roll = n * (r * cost.gpu_s_per_decoded_token(ctx) + cost.prefill_s(int(p)) * cost.model.tp)
+    trn = n * (p + r) * cost.train_flops_per_token / (cost.hw.flops * cost.hw.mfu_train)
+    colocated = (roll + trn) / N + cost.train_fixed_s
+    lo, hi = 1e-6, N - 1e-6                  # trainer time falls with T, rollout time rises: bisect
+    for _ in range(100):
+        t = (lo + hi) / 2
+        if cost.train_fixed_s + trn / t > roll / (N - t):
+            lo = t
+        else:
+            hi = t
+    split = max(cost.train_fixed_s + trn / lo, roll / (N - lo))
+    step = min(colocated, split)
+    return {"mode": "ideal", "step_time_s": step, "tokens_per_s": n * (p + r) / step,
+            "rollout_only_fraction": 0.0, "bubble_fraction": 0.0, "overhead_fraction": 0.0}
+
+
+def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) -> dict[str, Any]:
+    """Run one mode. `observer(controller, trainer, instances)`, if given, is called once the
+    parts are built (tests use it to watch events)."""
+    if cfg.model not in MODELS:
+        raise ValueError(f"unknown model {cfg.model!r}; expected one of {', '.join(MODELS)}")
+    if cfg.steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {cfg.steps}")
+    cost = CostModel(MODELS[cfg.model])
+    workload = get_workload(cfg.workload, cfg.trace_file)
+    n_inst, train_gpus, colocated = placement(cfg, cost, workload)
+    trace = trace or TraceWriter(enabled=False)
+    clock = VirtualClock()
+    rcfg = RolloutConfig(mode=cfg.mode, train_batch=cfg.train_batch, rollout_batch=cfg.rollout_batch,
+                         group_size=cfg.group_size, max_staleness=cfg.max_staleness, **cfg.rollout).resolved()
+    prompts = PromptSource(workload, cfg.group_size, cfg.seed)
+    holder: dict[str, RolloutController] = {}
+    instances = [SimInstance(f"rollout{i}", cost, clock, lambda n, d: holder["c"].on_finished(n, d), trace)
+                 for i in range(n_inst)]
+    for i in instances:
+        i.slots = cfg.max_batch or i.slots
+        i.kv_capacity = cfg.kv_tokens or i.kv_capacity
+    ctl = holder["c"] = RolloutController(rcfg, instances, prompts, clock, trace)
+
+    def colocation_check() -> None:
+        if colocated and any(i.running or i.queue for i in instances):
+            raise SimulationError("colocated mode started training while rollout was still generating")
+
+    trainer = SimTrainer(ctl, cost, clock, train_gpus, trace, colocation_check)
+
+    def tick() -> None:
+        ctl.tick()
+        clock.call_later(cfg.tick_s, tick)
+
+    if observer is not None:
+        observer(ctl, trainer, instances)
+    ctl.start()
+    clock.call_later(cfg.tick_s, tick)
+    warm = max(1, cfg.steps // 5) if cfg.steps >= 3 else 0
+    snap: dict[str, float] = {}
+
+    def busy_snapshot() -> dict[str, float]:
+        for i in instances:
+            i._advance()
+        tp = cost.model.tp
+        return {"t": clock.now(),
+                "roll_busy": tp * sum(i.decode_s + i.prefill_s + i.load_s + i.kv_import_s for i in instances),
+                "overhead": tp * sum(i.load_s + i.kv_import_s for i in instances),
+                "train": trainer.train_s * train_gpus, "tokens": trainer.tokens,
+                "rollout_only": ctl.totals["rollout_only_s"]}
+
+    if warm == 0:
+        snap = busy_snapshot()
+    last_step_t = 0.0
+    while trainer.step < cfg.steps:
+        if not clock.step():
+            raise SimulationError(f"{cfg.mode}: event queue empty before step {trainer.step}")
+        trainer.maybe_start()
+        if trainer.step_ends and trainer.step_ends[-1] > last_step_t:
+            last_step_t = trainer.step_ends[-1]
+            if trainer.step == warm and not snap:
+                snap = busy_snapshot()
+        elif clock.now() - last_step_t > cfg.max_idle_sim_s:
+            raise SimulationError(f"{cfg.mode}: no training step for {cfg.max_idle_sim_s:.0f} simulated seconds "
+                                  f"(step {trainer.step}; in flight {ctl.manager.r_sum}, waiting {ctl.queue.waiting()})")
+    end = busy_snapshot()
+    summary = ctl.finish()
+    span = end["t"] - snap["t"]
+    steps = cfg.steps - warm
+    tokens = end["tokens"] - snap["tokens"]
+    gpu_s = cfg.gpus * span
+    busy = (end["roll_busy"] - snap["roll_busy"]) + (end["train"] - snap["train"])
+    sm = ctl.step_metrics
+    stal = [m.staleness_max for m in sm]
+    return {
+        "mode": cfg.mode, "model": cfg.model, "gpus": cfg.gpus, "rollout_instances": n_inst,
+        "train_gpus": train_gpus, "colocated": colocated, "steps": cfg.steps, "warmup_steps": warm,
+        "step_time_s": span / steps, "tokens_per_s": tokens / span,
+        "rollout_only_fraction": (end["rollout_only"] - snap["rollout_only"]) / span,
+        "bubble_fraction": max(0.0, 1 - busy / gpu_s),
+        "overhead_fraction": (end["overhead"] - snap["overhead"]) / gpu_s,
+        "staleness_max": max(stal), "staleness_mean": sum(m.staleness_mean for m in sm) / len(sm),
+        "c1_violations": summary["c1_violations"], "c2_violations": summary["c2_violations"],
+        "c3_violations": summary["c3_violations"],
+        "versions_live_max": max(m.versions_live for m in sm),
+        "migrated_requests": summary["migrated_requests"], "reprefill_tokens": summary["reprefill_tokens"],
+        "weight_loads": summary["weight_loads"], "rebalances": summary["rebalances"],
+        "total_time_s": end["t"], "trajectories_trained": summary["trained"],
+        "in_flight_at_end": summary["in_flight_at_end"], "finished_untrained": summary["finished_untrained"],
+        "lost": summary["lost"], "per_step": [m.to_dict() for m in sm],
+    }

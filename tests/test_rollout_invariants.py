@@ -1,0 +1,246 @@
+"""The rollout control code under forced chaos: many versions, publishes, rebalances and
+migrations, driven by in-memory instances (no simulator). Every uid must be accounted for once,
+every trained group whole, C1/C3 kept (partial: C1 broken and counted), the window within K."""
+
+from __future__ import annotations
+
+import collections
+import random
+
+import pytest
+
+from dora.runtime.rollout import (Finished, InstanceStats, Request, RequestState, RolloutConfig,
+                                  RolloutConfigError, RolloutController, partition)
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def now(self):
+        return self.t
+
+    def sleep_until(self, t):
+        self.t = max(self.t, t)
+
+
+class FakeInstance:
+    """Instant in-memory engine: requests advance when the test says so. Checks C1 at the door."""
+
+    def __init__(self, name, slots=8):
+        self.name, self.version, self.slots = name, None, slots
+        self.reqs: dict[str, dict] = {}
+        self.imported_with_kv = 0
+
+    def load_version(self, v):
+        assert not self.reqs, f"{self.name}: load_version with requests inside"
+        self.version = v
+
+    def submit(self, reqs):
+        for r in reqs:
+            assert r.version == self.version, "C1: request version != instance version"
+            self.reqs[r.uid] = {"r": r, "done": 0, "target": r.payload, "versions": set()}
+
+    def export(self, uids):
+        out = []
+        for u in uids:
+            s = self.reqs.pop(u)
+            out.append(RequestState(u, s["r"].group_id, self.version, s["r"].prompt_tokens, s["done"], True,
+                                    s["done"] * 10, s["target"], tuple(sorted(s["versions"]))))
+        return out
+
+    def import_(self, states):
+        for st in states:
+            assert st.version == self.version, "C1: imported state version != instance version"
+            self.imported_with_kv += st.has_kv
+            r = Request(st.uid, st.group_id, st.version, st.prompt_tokens, st.payload)
+            self.reqs[st.uid] = {"r": r, "done": st.tokens_done, "target": st.payload, "versions": set(st.token_versions)}
+
+    def interrupt_all(self):
+        out = self.export(list(self.reqs))
+        for s in out:
+            s.has_kv = False
+        return out
+
+    def stats(self):
+        n = len(self.reqs)
+        return InstanceStats(min(n, self.slots), max(0, n - self.slots), self.slots, min(1.0, n / (2 * self.slots)))
+
+    def progress(self, rng):
+        """Advance the first `slots` requests by a random amount; return the finished ones."""
+        done = []
+        for u, s in list(self.reqs.items())[: self.slots]:
+            step = rng.randint(0, 40)
+            if step:
+                s["versions"].add(self.version)
+            s["done"] = min(s["target"], s["done"] + step)
+            if s["done"] >= s["target"]:
+                del self.reqs[u]
+                done.append(Finished(u, s["target"], tuple(sorted(s["versions"]))))
+        return done
+
+
+def make_prompts(g, rng):
+    counter = [0]
+
+    def take(n):
+        out = []
+        for _ in range(n):
+            gid = f"g{counter[0]}"
+            counter[0] += 1
+            out.append([Request(f"{gid}.{j}", gid, -1, 10, rng.choice([5, 20, 60, 300])) for j in range(g)])
+        return out
+    return take, counter
+
+
+def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3):
+    rng = random.Random(seed)
+    clock = Clock()
+    insts = [FakeInstance(f"i{j}") for j in range(n_inst)]
+    take, counter = make_prompts(g, rng)
+    cfg = RolloutConfig(mode=mode, train_batch=tbs, group_size=g, max_staleness=k, rebalance_period_s=1.0,
+                        urgent_batch=2)
+    c = RolloutController(cfg, insts, take, clock)
+    c.start()
+    trained: list[str] = []
+    batches = []
+    training = None                       # (step, uids, done_at)
+    version = 0
+    publish_at = None
+    kk = c.cfg.max_staleness
+    for _ in range(20000):
+        if len(batches) >= steps:
+            break
+        clock.t += rng.uniform(0.1, 2.0)
+        inst = rng.choice(insts)
+        fin = inst.progress(rng)
+        if fin:
+            c.on_finished(inst.name, fin)
+        if rng.random() < 0.3:
+            c.tick()
+        if rng.random() < 0.1:
+            c.rebalance()                 # forced extra rebalances: many migrations
+        if training is None and c.trainer_ready():
+            batch = c.take_batch()
+            step = len(batches)
+            batches.append((step, batch))
+            training = (step, [t.uid for t in batch], clock.t + rng.uniform(1, 20))
+        if training is not None and clock.t >= training[2]:
+            step, uids, _ = training
+            trained.extend(uids)
+            version = step + 1
+            c.on_trained(step, version, uids)
+            training = None
+            publish_at = clock.t + rng.uniform(0, 3)
+        if publish_at is not None and clock.t >= publish_at:
+            c.on_published(version)
+            publish_at = None
+        # the window: nothing untrained is older than the next step can still take
+        live = c.queue.versions_untrained()
+        if live:
+            assert min(live) >= c.queue.next_step - kk
+            assert max(live) - min(live) <= kk
+        for i in insts:                    # every request sits on an instance of its own version
+            for s in i.reqs.values():
+                assert s["r"].version == i.version
+    assert len(batches) >= steps, f"{mode}: only {len(batches)} steps (stuck?)"
+    return c, batches, trained, counter[0] * g, insts
+
+
+@pytest.mark.parametrize("mode", ["sync", "one_step_off", "partial", "dora"])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
+def test_invariants_under_chaos(mode, seed):
+    c, batches, trained, dispatched_n, insts = run_chaos(mode, seed)
+    k = c.cfg.max_staleness
+    assert len(trained) == len(set(trained)), "a trajectory was trained twice"
+    for step, batch in batches:
+        assert len(batch) == c.cfg.train_batch
+        per_group = collections.Counter(t.group_id for t in batch)
+        assert set(per_group.values()) == {c.cfg.group_size}, "a group was split across steps"
+        for t in batch:
+            assert 0 <= step - t.version <= k, f"C3: staleness {step - t.version} > {k}"
+        gv = collections.defaultdict(set)
+        for t in batch:
+            gv[t.group_id].add(t.version)
+        assert all(len(v) == 1 for v in gv.values()), "a group mixes versions"
+    s = c.finish()
+    assert s["lost"] == 0 and s["c2_violations"] == 0 and s["c3_violations"] == 0
+    assert s["dispatched"] == dispatched_n
+    assert s["trained"] + s["finished_untrained"] + s["in_flight_at_end"] + s["in_training_at_end"] == dispatched_n
+    in_flight = sum(len(i.reqs) for i in insts) + sum(len(x) for x in c._pending_retag)
+    assert in_flight == s["in_flight_at_end"]
+    c1 = sum(m.c1_violations for m in c.step_metrics)
+    if mode == "partial":
+        assert c1 > 0 and s["reprefill_tokens"] > 0, "partial must break C1 (and re-prefill) at publishes"
+    else:
+        assert c1 == 0 and s["c1_violations"] == 0
+    if mode == "sync":
+        assert all(m.staleness_max == 0 for m in c.step_metrics)
+    if mode == "one_step_off":
+        assert all(m.staleness_max <= 1 for m in c.step_metrics)
+
+
+def test_dora_chaos_migrates_and_runs_several_versions():
+    c, *_ = run_chaos("dora", 7, steps=40)
+    assert c.totals["migrated_requests"] > 0
+    assert max(m.versions_live for m in c.step_metrics) >= 2
+
+
+def test_partition_never_zero_for_live_versions():
+    assert partition(4, {0: 1, 1: 1000}) == {0: 1, 1: 3}
+    assert sum(partition(16, {0: 3, 1: 50, 2: 700}).values()) == 16
+    out = partition(3, {0: 1, 1: 1, 2: 5000})
+    assert out[0] == 1 and out[1] == 1 and out[2] == 1
+    assert partition(4, {}) == {}
+
+
+def test_zero_share_version_keeps_an_instance_and_loses_nothing():
+    clock = Clock()
+    insts = [FakeInstance(f"i{j}", slots=100) for j in range(3)]
+    rng = random.Random(0)
+    take, _ = make_prompts(4, rng)
+    cfg = RolloutConfig(mode="dora", train_batch=8, rollout_batch=8, group_size=4, max_staleness=3)
+    c = RolloutController(cfg, insts, take, clock)
+    c.start()
+    before = {u for i in insts for u in i.reqs}
+    assert len(before) == 8
+    c.on_published(1)                 # version 1: by proportion version 0 would get 0 instances
+    c.on_published(2)
+    after_v0 = [u for i in insts if i.version == 0 for u in i.reqs]
+    assert before <= set(after_v0), "version 0's requests must stay on a version-0 instance"
+    assert sum(1 for i in insts if i.version == 0) >= 1
+    assert all(s["r"].version == i.version for i in insts for s in i.reqs.values())
+
+
+def test_release_migrates_with_kv_to_same_version():
+    clock = Clock()
+    insts = [FakeInstance(f"i{j}", slots=100) for j in range(4)]
+    take, _ = make_prompts(4, random.Random(1))
+    cfg = RolloutConfig(mode="dora", train_batch=8, rollout_batch=32, group_size=4, max_staleness=3,
+                        queue_allowance_groups=0)
+    c = RolloutController(cfg, insts, take, clock)
+    c.start()                         # version 0 requests spread over 4 instances
+    n0 = sum(len(i.reqs) for i in insts)
+    assert n0 == 32
+    for i in insts:                   # half of them finish: room for version 1's prompts
+        fin = [Finished(u) for u in list(i.reqs)[:4]]
+        for f in fin:
+            del i.reqs[f.uid]
+        c.on_finished(i.name, fin)
+    c.on_published(1)                 # version 1 gets a share: version 0 consolidates
+    v0 = [i for i in insts if i.version == 0]
+    assert 1 <= len(v0) < 4
+    assert sum(len(i.reqs) for i in v0) == 16
+    assert any(i.version == 1 and i.reqs for i in insts)
+    assert c.totals["migrated_requests"] > 0
+    assert sum(i.imported_with_kv for i in insts) == c.totals["migrated_requests"]
+
+
+def test_config_errors():
+    with pytest.raises(RolloutConfigError, match="multiple of group_size"):
+        RolloutConfig(train_batch=10, group_size=4).resolved()
+    with pytest.raises(RolloutConfigError, match="unknown rollout mode"):
+        RolloutConfig(mode="fast").resolved()
+    with pytest.raises(RolloutConfigError, match=">= train_batch"):
+        RolloutConfig(mode="dora", train_batch=16, rollout_batch=8, group_size=4).resolved()
+    assert RolloutConfig(mode="sync", max_staleness=5, train_batch=8, group_size=4).resolved().max_staleness == 0

@@ -1,0 +1,150 @@
+"""The simulator drives the real RolloutController: modes keep (or, for partial, count) their
+invariants, sync never overlaps rollout with training, runs are deterministic per seed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dora.runtime.rollout import TraceWriter
+from dora.runtime.rollout.types import Request
+from dora.sim.clock import VirtualClock
+from dora.sim.costmodel import MODELS, CostModel
+from dora.sim.engines import SimInstance
+from dora.sim.simulator import SimConfig, ideal, simulate
+from dora.sim.workloads import DapoMath, PromptSource, TraceWorkload, WorkloadError
+
+
+def small(mode, **kw):
+    base = dict(mode=mode, model="qwen2.5-1.5b", gpus=8, steps=12, train_batch=64, group_size=8, max_batch=16,
+                kv_tokens=40000, tick_s=2.0, rollout={"rebalance_period_s": 5.0})
+    base.update(kw)
+    return SimConfig(**base)
+
+
+@pytest.mark.parametrize("mode", ["sync", "one_step_off", "partial", "dora"])
+def test_modes_keep_their_invariants(mode):
+    r = simulate(small(mode))
+    assert r["lost"] == 0 and r["c2_violations"] == 0 and r["c3_violations"] == 0
+    assert r["trajectories_trained"] == 12 * 64
+    k = {"sync": 0, "one_step_off": 1}.get(mode, 3)
+    assert r["staleness_max"] <= k
+    if mode == "partial":
+        assert r["c1_violations"] > 0 and r["reprefill_tokens"] > 0
+    else:
+        assert r["c1_violations"] == 0 and r["reprefill_tokens"] == 0
+    for s in r["per_step"]:
+        assert s["trajectories"] == 64
+
+
+def test_dora_uses_several_versions_and_beats_sync_on_the_long_tail():
+    d, s = simulate(small("dora")), simulate(small("sync"))
+    assert d["versions_live_max"] >= 2
+    assert d["tokens_per_s"] > s["tokens_per_s"]
+
+
+def test_sync_never_overlaps_rollout_and_training():
+    events = []
+
+    def observe(ctl, trainer, instances):
+        send = ctl.manager.dispatch
+
+        def spy(*a, **kw):
+            out = send(*a, **kw)
+            if out:
+                events.append(("dispatch", trainer.busy, ctl.clock.now()))
+            return out
+        ctl.manager.dispatch = spy
+        start = trainer.maybe_start
+
+        def spy_start():
+            was = trainer.busy
+            start()
+            if trainer.busy and not was:
+                events.append(("train", any(i.running or i.queue for i in instances), ctl.clock.now()))
+        trainer.maybe_start = spy_start
+
+    simulate(small("sync"), observer=observe)
+    assert [e for e in events if e[0] == "dispatch"] and [e for e in events if e[0] == "train"]
+    assert not any(busy for kind, busy, _ in events if kind == "dispatch"), "dispatched while training"
+    assert not any(gen for kind, gen, _ in events if kind == "train"), "trained while generating"
+
+
+def test_deterministic_per_seed():
+    a, b = simulate(small("dora", seed=3)), simulate(small("dora", seed=3))
+    assert a == b
+    c = simulate(small("dora", seed=4))
+    assert c["per_step"] != a["per_step"]
+
+
+def test_trace_has_versions_training_and_weight_syncs(tmp_path):
+    tw = TraceWriter()
+    simulate(small("dora", steps=5), tw)
+    path = tmp_path / "trace.json"
+    tw.write(str(path))
+    ev = json.loads(path.read_text())["traceEvents"]
+    names = {e["name"] for e in ev}
+    assert {"v0", "v1"} <= names
+    assert any(n.startswith("train step") for n in names)
+    assert any(n.startswith("load v") for n in names)
+    assert all(e["dur"] >= 0 for e in ev if e["ph"] == "X")
+
+
+def test_ideal_bounds_the_paper_setting():
+    bound = ideal(SimConfig(gpus=64))["tokens_per_s"]
+    for mode in ("sync", "dora"):
+        r = simulate(SimConfig(mode=mode, gpus=64, steps=4))
+        assert 0 < r["tokens_per_s"] < bound
+        assert r["c1_violations"] == r["c2_violations"] == r["c3_violations"] == 0
+
+
+def test_virtual_clock_orders_events():
+    c, seen = VirtualClock(), []
+    c.call_at(5, lambda: seen.append(5))
+    c.call_at(1, lambda: seen.append(1))
+    c.call_at(1, lambda: seen.append(1.5))
+    c.sleep_until(3)
+    assert seen == [1, 1.5] and c.now() == 3
+    c.sleep_until(10)
+    assert seen == [1, 1.5, 5]
+
+
+def test_sim_instance_runs_exports_and_imports_without_reprefill():
+    clock, done = VirtualClock(), []
+    cost = CostModel(MODELS["qwen2.5-1.5b"])
+    a = SimInstance("a", cost, clock, lambda n, f: done.extend(f))
+    b = SimInstance("b", cost, clock, lambda n, f: done.extend(f))
+    a.load_version(0)
+    b.load_version(0)
+    a.submit([Request("u1", "g", 0, 100, 1000), Request("u2", "g", 0, 100, 50)])
+    clock.sleep_until(1e-9)
+    while not done:
+        clock.step()
+    assert [f.uid for f in done] == ["u2"] and done[0].response_tokens == 50
+    states = a.export(["u1"])
+    assert states[0].has_kv and 0 < states[0].tokens_done < 1000
+    b.import_(states)
+    prefill_before = b.prefill_s
+    while len(done) < 2:
+        assert clock.step()
+    assert done[1].uid == "u1" and done[1].response_tokens == 1000 and done[1].token_versions == (0,)
+    assert b.prefill_s == prefill_before, "a request imported with its KV must not re-prefill"
+    with pytest.raises(RuntimeError, match="version"):
+        b.submit([Request("u3", "g", 7, 10, 10)])
+
+
+def test_workloads(tmp_path):
+    p, r, _ = DapoMath().mean_lengths(n=20000)
+    assert 2500 < r < 3800 and p < 2048
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"prompt_tokens": 10, "response_tokens": 20}\n{"prompt_tokens": 30, "response_tokens": 40}\n')
+    groups = PromptSource(TraceWorkload(str(f)), 4, seed=1)(3)
+    assert len(groups) == 3 and all(len(g) == 4 for g in groups)
+    assert all(q.payload in (20, 40) and q.prompt_tokens in (10, 30) for g in groups for q in g)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt_tokens": 10}\n')
+    with pytest.raises(WorkloadError, match="bad.jsonl:1"):
+        TraceWorkload(str(bad))
+    with pytest.raises(WorkloadError, match="cannot read"):
+        TraceWorkload(str(tmp_path / "missing.jsonl"))
