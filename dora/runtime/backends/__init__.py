@@ -1,0 +1,43 @@
+"""Backends start and stop worker processes; everything else (wiring, control) is the controller's.
+
+A backend implements:
+    host: str                          address workers bind and the controller listens on
+    start(launches: list[Launch])      start one worker per Launch (non-blocking)
+    exited() -> list[(label, why)]     workers whose process/actor ended since the last call
+    shutdown(timeout_s)                make sure every worker is gone (kill what is left)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class Launch:
+    node: str
+    replica: int
+    control: str              # controller endpoint the worker connects to
+    env: dict[str, str]       # placement env (CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS, ...)
+    pool: str
+    kind: str                 # cpu | gpu
+    slot: int
+    log_path: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.node}[{self.replica}]"
+
+
+BACKENDS = ("local", "ray")
+
+
+def get_backend(name: str, **options):
+    if name == "local":
+        from dora.runtime.backends.local import LocalBackend
+
+        return LocalBackend(**options)
+    if name == "ray":
+        from dora.runtime.backends.ray import RayBackend
+
+        return RayBackend(**options)
+    raise ValueError(f"unknown backend {name!r} (choose one of {list(BACKENDS)})")

@@ -1,0 +1,93 @@
+"""The local backend: one OS process per node replica (`python -m dora.runtime.worker`), no services.
+
+Workers inherit this interpreter and sys.path (so user ops importable here import there too),
+log to run_dir/logs/<node>-<replica>.log, and die with their parent (PR_SET_PDEATHSIG).
+transport="ipc" binds each worker's inbox on an ipc:// socket in a private temp folder
+instead of a random tcp port on 127.0.0.1 (control stays on tcp).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from dora.runtime.backends import Launch
+
+
+def describe_exit(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"killed by signal {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exited with code {rc}"
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, host: str = "127.0.0.1", transport: str = "tcp"):
+        if transport not in ("tcp", "ipc"):
+            raise ValueError(f"local backend transport must be 'tcp' or 'ipc', got {transport!r}")
+        self.host, self.transport = host, transport
+        self.ipc_dir: str | None = None
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs: dict[str, str] = {}
+        self._reported: set[str] = set()
+
+    def start(self, launches: list[Launch]) -> None:
+        path = os.pathsep.join([p for p in sys.path if p and os.path.isdir(p)] + [os.getcwd()])
+        if self.transport == "ipc" and self.ipc_dir is None:
+            self.ipc_dir = tempfile.mkdtemp(prefix="dora-ipc-")  # short: socket paths are limited to ~100 bytes
+        for ln in launches:
+            env = {**os.environ, **ln.env, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+            out = open(ln.log_path, "ab") if ln.log_path else subprocess.DEVNULL
+            cmd = [sys.executable, "-m", "dora.runtime.worker", "--control", ln.control, "--node", ln.node,
+                   "--replica", str(ln.replica), "--host", self.host] + (["--ipc-dir", self.ipc_dir] if self.ipc_dir else [])
+            self.procs[ln.label] = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            if ln.log_path:
+                out.close()
+                self.logs[ln.label] = ln.log_path
+
+    def pid(self, label: str) -> int | None:
+        p = self.procs.get(label)
+        return p.pid if p else None
+
+    def log_tail(self, label: str, n: int = 20) -> str:
+        path = self.logs.get(label)
+        if not path or not os.path.exists(path):
+            return ""
+        with open(path, "rb") as f:
+            return b"\n".join(f.read().splitlines()[-n:]).decode(errors="replace")
+
+    def exited(self) -> list[tuple[str, str]]:
+        out = []
+        for label, p in self.procs.items():
+            rc = p.poll()
+            if rc is not None and label not in self._reported:
+                self._reported.add(label)
+                out.append((label, f"process {p.pid} {describe_exit(rc)}"))
+        return out
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()  # SIGKILL also ends a SIGSTOPped process
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.ipc_dir:
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)

@@ -1,0 +1,405 @@
+"""The controller: plans placement, starts workers through a backend, wires channels, watches
+heartbeats, and runs until every sink has finished (or the driver says done).
+
+One process, one thread, one zmq ROUTER for all control traffic (workers' control and
+heartbeat sockets connect to it). Edges named by the driver as managed go through the
+controller: producers send them to the controller's own inbox, the driver sees each batch in
+`on_batch(src_node, batch)` and forwards with `send(node, replica, port, batch)`.
+
+Driver protocol (any object with these methods; all optional except done):
+    managed_edges() -> list[(src_node, dst_node)]
+    on_batch(src_node, batch)                 a batch produced on a managed edge
+    on_event(node, replica, event: dict)      an op's ctx.report(event)
+    wants(src_node) -> bool                   False holds batches from src (their credits too), so
+                                              the producer stops when its edge capacity is held
+    on_eos(src_node, dst_node)                every producer of a managed edge sent end-of-stream;
+                                              a managed edge's consumer sees end-of-stream only when
+                                              the driver calls close(dst, port) after its last send
+    tick(now: float)                          called every loop iteration (~every 50 ms or sooner)
+    done() -> bool                            True ends the run (workers are stopped)
+
+Failure: a worker exception, exit, or missed heartbeats raises RunFailed naming the
+replica (and its traceback); every wait has a deadline; shutdown kills what did not exit.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import os
+import shutil
+import tempfile
+import time
+from typing import Any
+
+import pyarrow as pa
+import zmq
+
+from dora.graph.model import Graph
+from dora.runtime import wire
+from dora.runtime.backends import Launch, get_backend
+from dora.runtime.channel import Delivery, Inbox, OutEdge, bind_router
+from dora.runtime.errors import CallError, RunFailed, WireError
+from dora.runtime.placement import Plan, plan as make_plan
+
+CONTROLLER = "controller"  # the sender label of batches the controller forwards on managed edges
+
+
+@dataclasses.dataclass
+class RunResult:
+    ok: bool
+    elapsed_s: float
+    stats: dict[str, dict[str, Any]]          # "node[r]" -> worker stats at finish (rows/bytes in & out per edge)
+    rejected: int                             # wire messages rejected, summed over workers and the controller
+    events: list[tuple[str, int, dict]]       # (node, replica, event) when no driver took them
+    plan: Plan
+    run_dir: str | None = None
+
+
+@dataclasses.dataclass
+class _W:
+    node: str
+    replica: int
+    state: str = "starting"     # starting | configured | ready | running | finished
+    pid: int | None = None
+    endpoint: str | None = None
+    last_hb: float = 0.0
+    rejected: int = 0
+    stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.node}[{self.replica}]"
+
+
+class Controller:
+    def __init__(self, graph: Graph, backend: str = "local", driver: Any = None, run_dir: str | None = None,
+                 seed: int = 0, deadline_s: float = 3600.0, hb_interval: float = 0.25, hb_timeout: float = 5.0,
+                 start_timeout_s: float = 120.0, backend_options: dict[str, Any] | None = None):
+        self.graph, self.driver, self.seed, self.deadline_s = graph, driver, seed, deadline_s
+        self.hb_interval, self.hb_timeout, self.start_timeout_s = hb_interval, hb_timeout, start_timeout_s
+        self.plan = make_plan(graph)
+        self.backend_name, self.backend_options = backend, backend_options or {}
+        self._own_run_dir = run_dir is None
+        self.run_dir = run_dir
+        self.backend: Any = None
+        self.zctx: zmq.Context | None = None
+        self.workers: dict[str, _W] = {r.label: _W(r.node, r.replica) for r in self.plan.replicas}
+        self.managed = self._managed_edges()
+        self.failure: RunFailed | None = None
+        self.events: collections.deque[tuple[str, int, dict]] = collections.deque()
+        self.kept_events: list[tuple[str, int, dict]] = []
+        self.replies: dict[int, tuple[dict, list]] = {}
+        self.ids = itertools.count(1)
+        self.stopping = False
+        self.rejected_here = 0
+        self.held: dict[str, collections.deque] = {}   # src node -> managed batches (and end-of-stream marks) not yet taken
+
+    # ------------------------------------------------------------ public API
+
+    def run(self) -> RunResult:
+        t0 = time.monotonic()
+        self.t_deadline = t0 + self.deadline_s
+        ok = False
+        try:
+            self._start()
+            self._loop()
+            ok = True
+            return self._result(ok, time.monotonic() - t0)
+        finally:
+            self._shutdown(graceful=ok)
+
+    def call(self, node: str, replica: int, method: str, args: dict[str, Any] | None = None, timeout: float = 30.0,
+             buffers: list[Any] = ()) -> Any:
+        """Invoke a control method on one replica (op.call, or the worker built-ins ping/stats/pause/resume).
+
+        Returns the op's result (a wire.WithBuffers when it sent raw buffers); raises CallError
+        if the op raised, RunFailed if the run failed meanwhile, TimeoutError after `timeout`.
+        """
+        w = self._worker(node, replica)
+        cid = next(self.ids)
+        self._send_ctrl(w.label, {"kind": "call", "id": cid, "method": method, "args": args or {}}, buffers)
+        deadline = time.monotonic() + timeout
+        while cid not in self.replies:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{w.label}.{method}() got no reply within {timeout} s")
+            self._pump(20)
+            self._check_health()
+        msg, bufs = self.replies.pop(cid)
+        if not msg.get("ok"):
+            raise CallError(node, replica, method, msg.get("error", "?"), msg.get("traceback"))
+        return wire.WithBuffers(msg.get("result"), bufs) if bufs else msg.get("result")
+
+    def send(self, node: str, replica: int, port: str, batch: pa.RecordBatch, timeout: float = 60.0) -> None:
+        """Feed a managed input edge directly: `batch` goes to `node[replica]` on `port`.
+        Blocks (pumping control traffic) while the edge has no credit, up to `timeout`."""
+        out = self._managed_out(node, port)
+        out.put(batch, target=replica)
+        self._flush(out, timeout)
+
+    def close(self, node: str, port: str, timeout: float = 60.0) -> None:
+        """End-of-stream on a managed input edge (after the driver's last send)."""
+        out = self._managed_out(node, port)
+        self._flush(out, timeout)
+        out.send_eos()
+
+    def endpoint(self, node: str, replica: int) -> str | None:
+        return self._worker(node, replica).endpoint
+
+    def pids(self) -> dict[str, int | None]:
+        return {label: w.pid for label, w in self.workers.items()}
+
+    # ------------------------------------------------------------ setup
+
+    def _managed_edges(self) -> dict[str, Any]:
+        pairs = list(self.driver.managed_edges()) if self.driver is not None and hasattr(self.driver, "managed_edges") else []
+        out = {}
+        for src, dst in pairs:
+            found = [e for e in self.graph.edges if e.src == src and e.dst == dst]
+            if not found:
+                raise ValueError(f"driver manages edge {src} -> {dst}, but the graph has no data edge from {src!r} to {dst!r}")
+            for e in found:
+                out[e.label] = e
+        return out
+
+    def _worker(self, node: str, replica: int) -> _W:
+        w = self.workers.get(f"{node}[{replica}]")
+        if w is None:
+            raise ValueError(f"no replica {node}[{replica}] (replicas: {sorted(self.workers)})")
+        return w
+
+    def _send_ctrl(self, label: str, msg: dict[str, Any], buffers: list[Any] = ()) -> None:
+        self.ctrl.send_multipart([label.encode(), *wire.encode_control(msg, list(buffers))], copy=False)
+
+    def _start(self) -> None:
+        if self.run_dir is None:
+            self.run_dir = tempfile.mkdtemp(prefix="dora-run-")
+        os.makedirs(os.path.join(self.run_dir, "logs"), exist_ok=True)
+        self.backend = get_backend(self.backend_name, **self.backend_options)
+        self.zctx = zmq.Context()
+        self.ctrl, self.ctrl_endpoint = bind_router(self.zctx, self.backend.host)
+        self.inbox = Inbox(self.zctx, self.backend.host) if self.managed else None
+        for e in self.managed.values():
+            self.inbox.expect(e.label, e.src, [f"{e.src}[{r}]" for r in range(self.graph.nodes[e.src].replicas)],
+                              e.capacity, e.capacity_bytes)
+        self.outs: dict[tuple[str, str], OutEdge] = {}
+        launches = [Launch(r.node, r.replica, self.ctrl_endpoint, r.env, r.pool, r.kind, r.slot,
+                           os.path.join(self.run_dir, "logs", f"{r.node}-{r.replica}.log")) for r in self.plan.replicas]
+        self.backend.start(launches)
+        now = time.monotonic()
+        for w in self.workers.values():
+            w.last_hb = now
+        deadline = now + self.start_timeout_s
+        while not all(w.state == "ready" for w in self.workers.values()):
+            if time.monotonic() > min(deadline, self.t_deadline):
+                late = [w.label for w in self.workers.values() if w.state != "ready"]
+                raise RunFailed(f"workers not ready within {self.start_timeout_s:.0f} s: {late}")
+            self._pump(50)
+            self._check_health()
+        for w in self.workers.values():
+            self.plan.get(w.node, w.replica).endpoint = w.endpoint
+        for e in self.managed.values():
+            eps = [self.workers[f"{e.dst}[{r}]"].endpoint for r in range(self.graph.nodes[e.dst].replicas)]
+            self.outs[(e.dst, e.dst_port)] = OutEdge(self.zctx, e.label, eps, CONTROLLER, "round_robin", None, e.capacity, e.capacity_bytes)
+        for w in self.workers.values():
+            self._send_ctrl(w.label, self._wiring(w.node))
+            w.state = "running"
+
+    def _config(self, w: _W) -> dict[str, Any]:
+        n, rp = self.graph.nodes[w.node], self.plan.get(w.node, w.replica)
+        return {"kind": "config", "op": n.op, "params": n.params, "replicas": n.replicas, "model": self.graph.model,
+                "device": rp.device, "threads": rp.threads, "seed": self.seed, "run_dir": self.run_dir,
+                "async_cfg": dataclasses.asdict(self.graph.async_) | {"loc": None}, "hb_interval": self.hb_interval,
+                "hb_timeout": max(30.0, 4 * self.hb_timeout)}
+
+    def _wiring(self, node: str) -> dict[str, Any]:
+        g = self.graph
+        outputs = []
+        for e in g.consumers(node):
+            if e.label in self.managed:
+                eps, rt, gb = [self.inbox.endpoint], "round_robin", None
+            else:
+                eps = [self.workers[f"{e.dst}[{r}]"].endpoint for r in range(g.nodes[e.dst].replicas)]
+                rt, gb = e.routing, e.group_by
+            outputs.append({"edge": e.label, "endpoints": eps, "routing": rt, "group_by": gb,
+                            "capacity": e.capacity, "capacity_bytes": e.capacity_bytes})
+        inputs = []
+        for e in g.producers(node):
+            senders = [CONTROLLER] if e.label in self.managed else [f"{e.src}[{r}]" for r in range(g.nodes[e.src].replicas)]
+            inputs.append({"edge": e.label, "port": e.dst_port, "senders": senders, "capacity": e.capacity,
+                           "capacity_bytes": e.capacity_bytes})
+        return {"kind": "start", "outputs": outputs, "inputs": inputs, "is_source": not g.nodes[node].inputs}
+
+    # ------------------------------------------------------------ the loop
+
+    def _pump(self, timeout_ms: int) -> None:
+        """Handle every control message waiting (waiting up to timeout_ms for the first)."""
+        if not self.ctrl.poll(timeout_ms):
+            return
+        while True:
+            try:
+                frames = self.ctrl.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            ident = frames[0].bytes.decode(errors="replace")
+            try:
+                msg, bufs = wire.decode_control(frames[1:])
+            except WireError:
+                self.rejected_here += 1
+                continue
+            self._on_ctrl(ident, msg, bufs)
+
+    def _on_ctrl(self, ident: str, msg: dict[str, Any], bufs: list[memoryview]) -> None:
+        kind = msg["kind"]
+        if kind == "hb":
+            w = self.workers.get(ident.removesuffix("#hb"))
+            if w is not None:
+                w.last_hb = time.monotonic()
+                w.rejected = int(msg.get("rejected") or 0)
+                self.ctrl.send_multipart([ident.encode(), b"ack"])
+            return
+        w = self.workers.get(ident)
+        if w is None:
+            self.rejected_here += 1
+            return
+        w.last_hb = time.monotonic()
+        if kind == "hello":
+            w.pid, w.state = msg.get("pid"), "configured"
+            self._send_ctrl(w.label, self._config(w))
+        elif kind == "ready":
+            w.endpoint, w.state = msg["endpoint"], "ready"
+        elif kind == "error":
+            if self.failure is None and not self.stopping:
+                self.failure = RunFailed(f"worker {w.label} (node {w.node!r}, replica {w.replica}) raised in {msg.get('where')}(): "
+                                         f"{msg.get('error')}", w.node, w.replica, msg.get("traceback"))
+        elif kind == "finished":
+            w.state, w.stats = "finished", msg.get("stats") or {}
+            w.rejected = int(w.stats.get("rejected", w.rejected))
+        elif kind == "reply":
+            self.replies[msg.get("id")] = (msg, bufs)
+        elif kind == "event":
+            self.events.append((w.node, w.replica, msg.get("event")))
+        elif kind == "rejected":
+            self.events.append((w.node, w.replica, {"kind": "wire_rejected", "error": msg.get("error")}))
+
+    def _check_health(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+        for label, why in self.backend.exited():
+            if not self.stopping:
+                w = self.workers[label]
+                tail = self.backend.log_tail(label) if hasattr(self.backend, "log_tail") else ""
+                self.failure = RunFailed(f"worker {label} (node {w.node!r}, replica {w.replica}) {why}"
+                                         + (f"\n--- last lines of its log ---\n{tail}" if tail else ""), w.node, w.replica)
+                raise self.failure
+        now = time.monotonic()
+        for w in self.workers.values():
+            # before the first heartbeat a worker is importing: the start deadline covers it
+            if w.state != "starting" and now - w.last_hb > self.hb_timeout:
+                self.failure = RunFailed(f"worker {w.label} (node {w.node!r}, replica {w.replica}, pid {w.pid}) missed heartbeats "
+                                         f"for {now - w.last_hb:.1f} s (hb_timeout {self.hb_timeout} s): frozen, stopped "
+                                         f"(SIGSTOP) or starved", w.node, w.replica)
+                raise self.failure
+
+    def _flush(self, out: OutEdge, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not out.flush():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"edge {out.edge!r}: no credit from its consumer within {timeout} s")
+            for i, s in enumerate(out.socks):
+                if s.poll(0):
+                    out.drain_credits(i)
+            self._pump(5)
+            self._check_health()
+
+    def _managed_out(self, node: str, port: str) -> OutEdge:
+        out = self.outs.get((node, port))
+        if out is None:
+            raise ValueError(f"{node}.{port} is not fed by a managed edge (managed: {sorted(self.outs)})")
+        return out
+
+    def _managed_input(self) -> None:
+        """Batches on managed edges go to driver.on_batch in arrival order per source node, but only
+        while driver.wants(src) (if it has that method): a held batch keeps its credit, so the
+        producer stops once its edge capacity is held here."""
+        d = self.driver
+        while (got := self.inbox.recv()) is not None:
+            if isinstance(got, Delivery):
+                self.held.setdefault(got.port, collections.deque()).append(got)  # port holds the src node
+            elif isinstance(got, tuple):
+                self.held.setdefault(self.managed[got[1]].src, collections.deque()).append(got[1])
+        for src, queue in self.held.items():
+            while queue and (not isinstance(queue[0], Delivery) or not hasattr(d, "wants") or d.wants(src)):
+                item = queue.popleft()
+                if isinstance(item, Delivery):
+                    d.on_batch(src, item.batch)
+                    self.inbox.ack(item)
+                else:
+                    self._managed_eos(item)
+        self.inbox.flush_credits()
+
+    def _managed_eos(self, edge: str) -> None:
+        """All producers of a managed edge ended: tell the driver (on_eos), or close it for them."""
+        if not all((s, edge) in self.inbox.eos for s in self.inbox.senders[edge]):
+            return
+        e = self.managed[edge]
+        if hasattr(self.driver, "on_eos"):
+            self.driver.on_eos(e.src, e.dst)
+
+    def _sinks_done(self) -> bool:
+        sinks = [n for n in self.graph.nodes if not self.graph.consumers(n)]
+        return all(w.state == "finished" for w in self.workers.values() if w.node in sinks)
+
+    def _loop(self) -> None:
+        d = self.driver
+        while True:
+            self._pump(20)
+            self._check_health()
+            if self.inbox is not None:
+                self._managed_input()
+            for out in self.outs.values():
+                for i, s in enumerate(out.socks):
+                    if s.poll(0):
+                        out.drain_credits(i)
+                out.flush()
+            while self.events:
+                node, r, ev = self.events.popleft()
+                if d is not None and hasattr(d, "on_event"):
+                    d.on_event(node, r, ev)
+                else:
+                    self.kept_events.append((node, r, ev))
+            if d is not None and hasattr(d, "tick"):
+                d.tick(time.monotonic())
+            if self._sinks_done() or (d is not None and d.done()):
+                return
+            if time.monotonic() > self.t_deadline:
+                unfinished = sorted(w.label for w in self.workers.values() if w.state != "finished")
+                raise RunFailed(f"run exceeded its deadline of {self.deadline_s:.0f} s; unfinished replicas: {unfinished}")
+
+    # ------------------------------------------------------------ the end
+
+    def _result(self, ok: bool, elapsed: float) -> RunResult:
+        stats = {w.label: w.stats for w in self.workers.values()}
+        rejected = sum(w.rejected for w in self.workers.values()) + self.rejected_here + (self.inbox.rejected if self.inbox else 0)
+        return RunResult(ok, elapsed, stats, rejected, self.kept_events, self.plan, self.run_dir)
+
+    def _shutdown(self, graceful: bool) -> None:
+        self.stopping = True
+        if self.zctx is None:
+            return
+        try:
+            for w in self.workers.values():
+                self._send_ctrl(w.label, {"kind": "stop"})
+        except zmq.ZMQError:
+            pass
+        if self.backend is not None:
+            self.backend.shutdown(timeout_s=10.0 if graceful else 2.0)
+        for out in getattr(self, "outs", {}).values():
+            out.close()
+        if getattr(self, "inbox", None) is not None:
+            self.inbox.close()
+        self.ctrl.close(0)
+        self.zctx.term()
+        if graceful and self._own_run_dir and self.run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)

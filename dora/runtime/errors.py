@@ -1,0 +1,39 @@
+"""Errors the runtime raises. Each names where it happened (edge and sender, node and replica)."""
+
+from __future__ import annotations
+
+
+class WireError(ValueError):
+    """A message on a data or control channel that fails the wire checks.
+
+    The receiver rejects it, counts it and keeps running; `edge` and `sender` say where it
+    claimed to come from ("?" when the header itself was unreadable).
+    """
+
+    def __init__(self, message: str, edge: str = "?", sender: str = "?"):
+        self.edge = edge
+        self.sender = sender
+        super().__init__(f"rejected message on edge {edge!r} from {sender!r}: {message}")
+
+
+class RunFailed(RuntimeError):
+    """The run ended early: a worker raised, died, froze, or a deadline passed."""
+
+    def __init__(self, message: str, node: str | None = None, replica: int | None = None, traceback: str | None = None):
+        self.node = node
+        self.replica = replica
+        self.traceback = traceback
+        text = message if traceback is None else f"{message}\n--- traceback from {node}[{replica}] ---\n{traceback.rstrip()}"
+        super().__init__(text)
+
+
+class CallError(RuntimeError):
+    """A control call (`Controller.call`) that the op refused or raised on; the run goes on."""
+
+    def __init__(self, node: str, replica: int, method: str, error: str, traceback: str | None = None):
+        self.node, self.replica, self.method, self.error, self.traceback = node, replica, method, error, traceback
+        super().__init__(f"{node}[{replica}].{method}() failed: {error}" + (f"\n{traceback.rstrip()}" if traceback else ""))
+
+
+class PlacementError(ValueError):
+    """A graph that cannot be placed on its pools (names the node and pool)."""

@@ -1,0 +1,364 @@
+"""The worker: one per node replica, the same code in a local process and in a Ray actor.
+
+Sockets (one zmq context):
+    control  DEALER -> controller ROUTER (identity "node[r]"): config, start, pause, resume,
+             stop, call; replies, events, errors, finished go back on it
+    heartbeat DEALER -> controller ROUTER (identity "node[r]#hb"), owned by a daemon thread:
+             beats every hb_interval; if the controller stops answering for hb_timeout the
+             worker exits (no orphans when a controller dies)
+    inbox    ROUTER bound on 127.0.0.1 (all input edges; see channel.py)
+    outputs  one DEALER per (out edge, consumer replica)
+
+Life: hello -> config (op, params, device) -> op.setup -> ready(endpoint) -> start(wiring)
+-> loop -> finished -> stop -> op.teardown -> exit. The loop reads one input batch at a time and
+only when every out edge has drained its queue, so back-pressure propagates upstream through
+credits; sources are pulled only when every out edge has a credit. An exception in the op is
+sent to the controller with its traceback; the worker then waits for stop.
+
+Run: python -m dora.runtime.worker --control tcp://127.0.0.1:PORT --node NAME --replica R
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Iterable
+
+import zmq
+
+from dora.runtime import wire
+from dora.runtime.channel import Delivery, Inbox, OutEdge
+from dora.runtime.errors import WireError
+
+#: control calls the worker answers itself (unless the op declares a method of that name):
+#: each returns {"pong", "state", "paused", "stats": rows/bytes in and out, rejected count}
+BUILTIN_CALLS = ("ping", "pause", "resume", "worker_stats")
+CONFIG_TIMEOUT_S = 120.0  # from hello to config: the controller may be starting many workers
+
+
+def label_of(node: str, replica: int) -> str:
+    return f"{node}[{replica}]"
+
+
+def import_impl(path: str) -> type:
+    """The class at "pkg.module:Class"."""
+    module, _, attr = path.partition(":")
+    if not attr:
+        raise ImportError(f"op implementation {path!r} is not of the form 'pkg.module:Class'")
+    return getattr(importlib.import_module(module), attr)
+
+
+def resolve(op: str, params: dict[str, Any]) -> tuple[type, dict[str, Any]]:
+    """(op class, params with defaults filled) through the graph layer's op declarations."""
+    from dora.graph.opspec import fill_params, resolve_op
+
+    spec = resolve_op(op)
+    return import_impl(spec.impl), fill_params(spec, params)
+
+
+def _set_parent_death_signal() -> None:
+    """Linux: SIGKILL this process when its parent dies, so a crashed controller leaves no workers."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+class Heartbeat(threading.Thread):
+    def __init__(self, zctx: zmq.Context, endpoint: str, label: str, interval: float, timeout: float, worker: "Worker"):
+        super().__init__(name=f"heartbeat-{label}", daemon=True)
+        self.sock = zctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.IDENTITY, f"{label}#hb".encode())
+        self.sock.connect(endpoint)
+        self.interval, self.timeout, self.worker = interval, timeout, worker
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        last_ack = time.monotonic()
+        while not self.halt.is_set():
+            inbox = self.worker.inbox
+            self.sock.send(wire.encode_control({"kind": "hb", "rejected": inbox.rejected if inbox else 0})[0])
+            if self.sock.poll(int(self.interval * 1000)):
+                while self.sock.poll(0):
+                    self.sock.recv()
+                last_ack = time.monotonic()
+            elif time.monotonic() - last_ack > self.timeout:
+                sys.stderr.write(f"dora worker {self.worker.label}: controller silent for {self.timeout:.0f} s; exiting\n")
+                sys.stderr.flush()
+                os._exit(70)
+        self.sock.close(0)
+
+
+class Worker:
+    def __init__(self, control: str, node: str, replica: int, host: str = "127.0.0.1", ipc_dir: str | None = None):
+        self.node, self.replica, self.label, self.host = node, replica, label_of(node, replica), host
+        self.ipc_dir = ipc_dir  # set: the inbox binds ipc://<ipc_dir>/<node>-<replica>.sock instead of tcp
+        self.zctx = zmq.Context()
+        self.ctrl = self.zctx.socket(zmq.DEALER)
+        self.ctrl.setsockopt(zmq.LINGER, 1000)
+        self.ctrl.setsockopt(zmq.IDENTITY, self.label.encode())
+        self.ctrl.connect(control)
+        self.control_endpoint = control
+        self.send_lock = threading.Lock()
+        self.inbox: Inbox | None = None
+        self.outs: list[OutEdge] = []
+        self.op: Any = None
+        self.source_iter: Any = None
+        self.state = "init"   # init | ready | running | finishing | finished | failed
+        self.paused = False
+        self.stopping = False
+        self.rejects_reported = 0
+        self.where = "start"   # the op method running now, for error messages
+
+    # ------------------------------------------------------------ control plane
+
+    def send_ctrl(self, msg: dict[str, Any], buffers: Iterable[Any] = ()) -> None:
+        with self.send_lock:  # ctx.report may be called from an op's own threads
+            self.ctrl.send_multipart(wire.encode_control(msg, list(buffers)), copy=False)
+
+    def fail(self, where: str, exc: BaseException) -> None:
+        self.state = "failed"
+        self.send_ctrl({"kind": "error", "where": where, "error": f"{type(exc).__name__}: {exc}",
+                        "traceback": traceback.format_exc()})
+
+    def handle_control(self, msg: dict[str, Any], buffers: list[memoryview]) -> None:
+        kind = msg["kind"]
+        if kind == "stop":
+            self.stopping = True
+        elif kind == "pause":
+            self.paused = True
+        elif kind == "resume":
+            self.paused = False
+        elif kind == "start":
+            self.wire_up(msg)
+        elif kind == "call":
+            self.handle_call(msg, buffers)
+
+    def handle_call(self, msg: dict[str, Any], buffers: list[memoryview]) -> None:
+        method, args, cid = msg.get("method"), msg.get("args") or {}, msg.get("id")
+        try:
+            op_methods = getattr(self.op, "control_methods", ())
+            if method in BUILTIN_CALLS and method not in op_methods:  # an op's own method wins
+                if method in ("pause", "resume"):
+                    self.paused = method == "pause"
+                result: Any = {"pong": True, "state": self.state, "paused": self.paused, "stats": self.stats()}
+            else:
+                if self.op is None:
+                    raise RuntimeError(f"{self.label} has no op yet (state {self.state})")
+                if buffers:
+                    args = {**args, "buffers": buffers}
+                result = self.op.call(method, args)
+            out = result.buffers if isinstance(result, wire.WithBuffers) else []
+            value = result.value if isinstance(result, wire.WithBuffers) else result
+            self.send_ctrl({"kind": "reply", "id": cid, "ok": True, "result": value}, out)
+        except Exception as e:
+            self.send_ctrl({"kind": "reply", "id": cid, "ok": False, "error": f"{type(e).__name__}: {e}",
+                            "traceback": traceback.format_exc()})
+
+    def poll_control(self, timeout_ms: int) -> None:
+        if self.ctrl.poll(timeout_ms):
+            while True:
+                try:
+                    frames = self.ctrl.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    return
+                try:
+                    msg, bufs = wire.decode_control(frames)
+                except WireError:
+                    continue  # only the controller writes to this socket
+                self.handle_control(msg, bufs)
+
+    # ------------------------------------------------------------ setup
+
+    def wait_config(self) -> dict[str, Any]:
+        deadline = time.monotonic() + CONFIG_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.ctrl.poll(200):
+                msg, _ = wire.decode_control(self.ctrl.recv_multipart(copy=False))
+                if msg["kind"] == "config":
+                    return msg
+                if msg["kind"] == "stop":
+                    raise SystemExit(0)
+        raise TimeoutError(f"{self.label}: no config from the controller at {self.control_endpoint} within {CONFIG_TIMEOUT_S:.0f} s")
+
+    def setup(self, cfg: dict[str, Any]) -> None:
+        from dora.ops.base import OpContext
+
+        cls, params = resolve(cfg["op"], cfg.get("params") or {})
+        if "torch" in sys.modules:  # only pay for torch if the op uses it
+            sys.modules["torch"].set_num_threads(max(1, int(cfg.get("threads", 1))))
+        self.op = cls()
+        ctx = OpContext(node=self.node, op=cfg["op"], replica=self.replica, replicas=cfg["replicas"], params=params,
+                        model=cfg.get("model") or {}, device=cfg.get("device", "cpu"), threads=cfg.get("threads", 1),
+                        seed=cfg.get("seed", 0), run_dir=cfg.get("run_dir"), async_cfg=cfg.get("async_cfg") or {},
+                        report=lambda event: self.send_ctrl({"kind": "event", "event": event}))
+        self.op.setup(ctx)
+
+    def wire_up(self, msg: dict[str, Any]) -> None:
+        assert self.inbox is not None
+        for i in msg["inputs"]:
+            self.inbox.expect(i["edge"], i["port"], i["senders"], i["capacity"], i["capacity_bytes"])
+        for o in msg["outputs"]:
+            self.outs.append(OutEdge(self.zctx, o["edge"], o["endpoints"], self.label, o["routing"], o.get("group_by"),
+                                     o["capacity"], o["capacity_bytes"]))
+        if msg["is_source"]:
+            self.source_iter = iter(self.op.source())
+        self.state = "running"
+
+    # ------------------------------------------------------------ data plane
+
+    def stats(self) -> dict[str, Any]:
+        return {"in": dict(self.inbox.stats) if self.inbox else {}, "rejected": self.inbox.rejected if self.inbox else 0,
+                "reject_samples": list(self.inbox.reject_samples) if self.inbox else [],
+                "out": {o.edge: dict(o.stats) for o in self.outs}}
+
+    def emit(self, batches: Iterable[Any] | None) -> None:
+        for b in batches or ():
+            for o in self.outs:
+                o.put(b)
+
+    def step(self) -> bool:
+        """Do one unit of work; True if something happened (then poll without waiting)."""
+        flushed = all([o.flush() for o in self.outs])
+        if not flushed:
+            return False
+        if self.state == "finishing":
+            for o in self.outs:
+                o.send_eos()
+            self.state = "finished"
+            self.send_ctrl({"kind": "finished", "stats": self.stats()})
+            return True
+        if self.state != "running":
+            return False
+        did = False
+        if self.source_iter is not None:
+            if all(o.has_credit() for o in self.outs):
+                try:
+                    self.where = "source"
+                    self.emit([next(self.source_iter)])
+                except StopIteration:
+                    self.source_iter = None
+                    self.start_finish()
+                return True
+        else:
+            got = self.inbox.recv()
+            if isinstance(got, Delivery):
+                self.where = "process"
+                self.emit(self.op.process(got.batch, got.port))
+                self.inbox.ack(got)
+                did = True
+            elif isinstance(got, WireError):
+                if self.rejects_reported < 5:  # the count travels with heartbeats; samples here
+                    self.rejects_reported += 1
+                    self.send_ctrl({"kind": "rejected", "error": str(got)})
+                did = True
+            elif got is not None:
+                did = True
+            else:
+                self.inbox.flush_credits()  # out of input: return what we owe before waiting
+        if self.op.busy():
+            self.where = "poll"
+            self.emit(self.op.poll())
+            did = True
+        elif self.source_iter is None and self.inbox.all_eos() and self.state == "running" and not any(o.queue for o in self.outs):
+            self.start_finish()
+            did = True
+        return did
+
+    def start_finish(self) -> None:
+        if self.op.busy():  # a source may still have work in flight inside the op
+            return
+        self.where = "finish"
+        self.emit(self.op.finish())
+        self.state = "finishing"
+
+    def loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.ctrl, zmq.POLLIN)
+        poller.register(self.inbox.sock, zmq.POLLIN)
+        out_socks: dict[Any, tuple[OutEdge, int]] = {}
+        busy = False
+        while not self.stopping:
+            for o in self.outs:
+                for i, s in enumerate(o.socks):
+                    if s not in out_socks:
+                        out_socks[s] = (o, i)
+                        poller.register(s, zmq.POLLIN)
+            waiting_on_credit = any(o.queue for o in self.outs)
+            want_input = self.state == "running" and not self.paused and not waiting_on_credit
+            poller.modify(self.inbox.sock, zmq.POLLIN if want_input and self.source_iter is None else 0)
+            if not busy:
+                self.inbox.flush_credits()
+            events = dict(poller.poll(0 if busy else 100))
+            if self.ctrl in events:
+                self.poll_control(0)
+            for s, (o, i) in out_socks.items():
+                if s in events:
+                    o.drain_credits(i)
+            busy = False
+            if self.paused or self.state in ("failed", "finished", "init", "ready") or self.stopping:
+                continue
+            try:
+                busy = self.step()
+            except Exception as e:
+                self.fail(self.where, e)
+
+    def run(self) -> int:
+        self.send_ctrl({"kind": "hello", "pid": os.getpid(), "host": self.host})
+        cfg = self.wait_config()
+        hb = Heartbeat(self.zctx, self.control_endpoint, self.label, cfg.get("hb_interval", 0.25), cfg.get("hb_timeout", 30.0), self)
+        hb.start()
+        try:
+            if self.ipc_dir:
+                self.inbox = Inbox(self.zctx, transport="ipc", ipc_path=os.path.join(self.ipc_dir, f"{self.node}-{self.replica}.sock"))
+            else:
+                self.inbox = Inbox(self.zctx, self.host)
+            try:
+                self.setup(cfg)
+                self.state = "ready"
+                self.send_ctrl({"kind": "ready", "endpoint": self.inbox.endpoint})
+            except Exception as e:
+                self.fail("setup", e)
+            self.loop()
+            if self.op is not None:
+                try:
+                    self.op.teardown()
+                except Exception as e:
+                    self.fail("teardown", e)
+            return 0
+        finally:
+            hb.halt.set()
+            hb.join(timeout=2)
+            for o in self.outs:
+                o.close()
+            if self.inbox:
+                self.inbox.close()
+            self.ctrl.close(linger=1000)
+            self.zctx.term()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="one dora worker (started by the controller)")
+    p.add_argument("--control", required=True)
+    p.add_argument("--node", required=True)
+    p.add_argument("--replica", type=int, required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--ipc-dir", default=None, help="bind the inbox on ipc:// sockets in this folder instead of tcp")
+    a = p.parse_args(argv)
+    _set_parent_death_signal()
+    return Worker(a.control, a.node, a.replica, a.host, a.ipc_dir).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""A raising op, a SIGKILLed worker and a SIGSTOPped worker each end the run with a clear
+message naming the replica, within the deadline, and leave no process behind."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from dora.runtime.controller import Controller
+from dora.runtime.errors import RunFailed
+from tests.runtime_graphs import alive, pipeline
+
+DEADLINE_S = 60
+
+
+def run_failing(tmp_path, mode: str, hb_timeout: float = 5.0) -> tuple[RunFailed, float, Controller]:
+    g = pipeline(rows=20_000, batch_rows=200, map_params={"fail_mode": mode, "fail_at": 3, "delay_s": 0.01})
+    ctl = Controller(g, run_dir=str(tmp_path), deadline_s=DEADLINE_S, hb_timeout=hb_timeout)
+    t0 = time.monotonic()
+    with pytest.raises(RunFailed) as ei:
+        ctl.run()
+    elapsed = time.monotonic() - t0
+    pids = ctl.pids()
+    assert len(pids) == 7 and all(pids.values())
+    left = [label for label, pid in pids.items() if alive(pid)]
+    assert not left, f"processes left running: {left}"
+    return ei.value, elapsed, ctl
+
+
+def test_raising_op_ends_run_with_traceback(tmp_path):
+    err, elapsed, _ = run_failing(tmp_path, "raise")
+    assert err.node == "map" and err.replica == 0
+    text = str(err)
+    assert "worker map[0]" in text and "raised in process()" in text
+    assert "RuntimeError: test failure in map[0] at batch 3" in text
+    assert "Traceback" in text and "runtime_ops.py" in text
+    assert elapsed < DEADLINE_S
+
+
+def test_sigkilled_worker_is_reported_by_name(tmp_path):
+    err, elapsed, _ = run_failing(tmp_path, "sigkill")
+    assert (err.node, err.replica) == ("map", 0)
+    assert "worker map[0]" in str(err) and "killed by signal SIGKILL" in str(err)
+    assert elapsed < DEADLINE_S
+
+
+def test_sigstopped_worker_is_detected_by_heartbeat(tmp_path):
+    err, elapsed, _ = run_failing(tmp_path, "sigstop", hb_timeout=1.5)
+    assert (err.node, err.replica) == ("map", 0)
+    assert "worker map[0]" in str(err) and "missed heartbeats" in str(err)
+    assert elapsed < DEADLINE_S
