@@ -72,11 +72,15 @@ class GenerateOp(Operator):
         done = [c for c in self.engine.step() if c.finish_reason != "abort"]
         if not done:
             return ()
-        by_version: dict[int, list[str]] = {}
+        by_version: dict[int, list] = {}
         for c in done:
-            by_version.setdefault(c.version, []).append(c.uid)
-        for v, uids in by_version.items():
-            self.ctx.report({"kind": "finished", "uids": uids, "version": v})
+            by_version.setdefault(c.version, []).append(c)
+        for v, cs in by_version.items():
+            # distinct token versions and lengths ride along so the orchestrator can check C1
+            # and count tokens without waiting for the row to reach the trainer
+            self.ctx.report({"kind": "finished", "uids": [c.uid for c in cs], "version": v,
+                             "token_versions": [sorted(set(c.token_versions)) for c in cs],
+                             "response_tokens": [len(c.response_ids) for c in cs]})
         return [self.rows(done)]
 
     def rows(self, done: list[Completion]) -> pa.RecordBatch:

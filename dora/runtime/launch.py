@@ -1,0 +1,133 @@
+"""`dora run P.yaml [k=v ...] [--backend local|ray] [--out DIR] [--seed N] [--dry-run]`.
+
+Loads and validates the pipeline (exit 2 on bad input, every error at once), plans placement,
+then runs it: RL graphs (dataset -> generate -> ... -> update) under the RLDriver, any other graph
+as plain streaming dataflow. Writes DIR/metrics.jsonl, DIR/summary.json, DIR/trace.json and
+checkpoints (DIR/checkpoints/step_N, loadable by transformers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+EXAMPLE = """example:
+  dora run pipelines/quickstart.yaml --out runs/quickstart
+  dora run pipelines/quickstart.yaml async.mode=dora async.max_staleness=2 --out runs/q-dora
+  dora run pipelines/grpo.yaml --dry-run          # print the placement plan and exit
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dora run", description="Run a pipeline.", epilog=EXAMPLE,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("pipeline", help="pipeline YAML file")
+    p.add_argument("overrides", nargs="*", help="key=value overrides (omegaconf dotted paths)")
+    p.add_argument("--backend", choices=("local", "ray"), default="local")
+    p.add_argument("--out", default=None, help="run directory (default runs/<name>-<time>)")
+    p.add_argument("--seed", type=int, default=None, help="run seed (default: run.seed in the YAML, else 0)")
+    p.add_argument("--dry-run", action="store_true", help="print the placement plan and exit")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--deadline", type=float, default=3600.0, help="fail the run after this many seconds")
+    return p
+
+
+def run_main(argv: list[str] | None = None) -> int:
+    p = _parser()
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as e:
+        return 0 if e.code == 0 else 2
+    graph = load_graph(args.pipeline, args.overrides)
+    if graph is None:
+        return 2
+    from dora.runtime.placement import format_plan, plan as make_plan
+    try:
+        plan = make_plan(graph)
+    except ValueError as e:
+        print(f"dora run: {args.pipeline}: cannot place the graph: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(format_plan(plan))
+        return 0
+    seed = args.seed if args.seed is not None else int((graph.extra.get("run") or {}).get("seed", 0))
+    run_dir = args.out or os.path.join("runs", f"{graph.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(run_dir, exist_ok=True)
+    return execute(graph, run_dir, backend=args.backend, seed=seed, quiet=args.quiet, deadline_s=args.deadline,
+                   source=args.pipeline)
+
+
+def load_graph(path: str, overrides: list[str]):
+    """The validated graph, or None after printing every diagnostic (file:line) to stderr."""
+    from dora.graph.diagnostics import errors_of
+    from dora.graph.validate import check_file
+    graph, diags = check_file(path, overrides)
+    for d in diags:
+        print(d.format(), file=sys.stderr)
+    errs = errors_of(diags)
+    if graph is None or errs:
+        print(f"{path}: {len(errs)} error(s); nothing was run", file=sys.stderr)
+        return None
+    return graph
+
+
+def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: bool = False,
+            deadline_s: float = 3600.0, source: str | None = None) -> int:
+    """Run a validated graph; returns the exit code. Shared by the CLI and benchmarks/modes.py."""
+    from dora.graph.opspec import fill_params, resolve_op
+    from dora.graph.yaml_io import to_yaml
+    from dora.runtime.controller import Controller
+    from dora.runtime.errors import RunFailed
+    from dora.runtime.metrics import MetricsLog, summarize, write_summary
+    from dora.runtime.progress import RunProgress
+    from dora.runtime.rl_driver import RLDriver, RLRoles
+
+    specs = {n: resolve_op(node.op) for n, node in graph.nodes.items()}
+    params = {n: fill_params(specs[n], node.params) for n, node in graph.nodes.items()}
+    with open(os.path.join(run_dir, "pipeline.yaml"), "w", encoding="utf-8") as fh:
+        fh.write(to_yaml(graph))   # exactly what ran, overrides applied
+    roles = RLRoles.find(graph, lambda n: specs[n].name)
+    metrics = MetricsLog(run_dir)
+    total = int(params[roles.update].get("steps", 1)) if roles else 0
+    progress = RunProgress(total, graph.name, quiet=quiet)
+    driver = RLDriver(graph, roles, params, metrics, progress) if roles else None
+    group_sizes = {p["group_size"] for n, p in params.items() if specs[n].name == "dataset"}
+    async_extra = {"group_size": group_sizes.pop()} if len(group_sizes) == 1 else {}
+    ctrl = Controller(graph, backend=backend, driver=driver, run_dir=run_dir, seed=seed, deadline_s=deadline_s,
+                      async_extra=async_extra)
+    if driver is not None:
+        driver.attach(ctrl)
+    t0 = time.monotonic()
+    ok, error = False, None
+    try:
+        result = ctrl.run()
+        ok = result.ok
+    except RunFailed as e:
+        error = str(e)   # names the node and replica, with the worker's traceback
+    except KeyboardInterrupt:
+        error = "interrupted"
+    finally:
+        progress.close()
+        metrics.close()
+    wall = time.monotonic() - t0
+    summary: dict[str, Any] = summarize(metrics.records, name=graph.name, mode=graph.async_.mode, backend=backend,
+                                        seed=seed, wall_s=wall, run_dir=run_dir, ok=ok, error=error, source=source)
+    if driver is not None:
+        summary["accounting"] = driver.finish()
+        for key in ("c1_violations", "c2_violations", "c3_violations"):
+            summary[key] = max(summary.get(key, 0), summary["accounting"].get(key, 0))
+        summary["weight_loads"] = driver.weight_loads
+        driver.trace.write(os.path.join(run_dir, "trace.json"))
+    else:
+        with open(os.path.join(run_dir, "trace.json"), "w") as fh:
+            json.dump({"traceEvents": []}, fh)
+    write_summary(run_dir, summary)
+    progress.summary_table(summary)
+    if error:
+        print(f"dora run: run failed: {error}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,332 @@
+"""The RL driver: runs DORA's rollout control code (dora.runtime.rollout) against real workers.
+
+The controller streams the graph as dataflow, except two edges it hands to this driver:
+
+    dataset -> generate   prompts arrive here; the RolloutController decides which version
+                          tags each prompt group and which generate replica runs it
+    X -> update           scored trajectories arrive here (X is whatever feeds the trainer:
+                          advantage, filter, ...); the TransferQueue decides when the trainer
+                          gets exactly TBS of them, whole groups, oldest version first
+
+Generate replicas are RolloutInstances through `ReplicaInstance` (control calls: load_version,
+export, import_, interrupt_all, stats). Events from the ops close the loop: `finished` (generate)
+-> on_finished, `train_step` -> on_trained + a metrics line, `weights` -> on_published.
+The same RolloutController runs in the simulator on a virtual clock (dora/sim).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from dora.graph.model import Graph
+from dora.runtime.clock import RealClock
+from dora.runtime.rollout import (Finished, InstanceStats, Request, RequestState, RolloutConfig, RolloutController,
+                                  TraceWriter)
+from dora.runtime.wire import WithBuffers
+
+CALL_TIMEOUT_S = 120.0   # a weight load of a small model on a busy 2-core machine takes seconds, not minutes
+
+
+@dataclasses.dataclass
+class RLRoles:
+    """Which nodes play which part in an RL graph."""
+
+    dataset: str
+    generate: str
+    update: str
+    trainer_feed: str          # the node whose output feeds the update node
+
+    @staticmethod
+    def find(graph: Graph, op_of) -> "RLRoles | None":
+        """op_of(node) -> registered op name. None when the graph is not an RL graph (plain dataflow)."""
+        gens = [n for n in graph.nodes if op_of(n) == "generate"]
+        ups = [n for n in graph.nodes if op_of(n) == "update"]
+        if len(gens) != 1 or len(ups) != 1:
+            return None
+        gen, up = gens[0], ups[0]
+        feeds = graph.producers(gen)
+        if len(feeds) != 1 or op_of(feeds[0].src) != "dataset":
+            return None
+        up_feeds = graph.producers(up)
+        if len(up_feeds) != 1:
+            return None
+        return RLRoles(feeds[0].src, gen, up, up_feeds[0].src)
+
+
+class ReplicaInstance:
+    """One generate replica seen by the rollout control code: every method is a control call."""
+
+    def __init__(self, driver: "RLDriver", node: str, replica: int, slots: int):
+        self.driver, self.node, self.replica, self.slots = driver, node, replica, slots
+        self.name = f"{node}[{replica}]"
+        self.version: int | None = 0    # every replica starts from the same seeded version-0 weights
+
+    @property
+    def _ctrl(self):
+        return self.driver.ctrl
+
+    def load_version(self, v: int) -> None:
+        if v == self.version:
+            return
+        path = self.driver.weight_paths[v]
+        t0 = time.monotonic()
+        self._ctrl.call(self.node, self.replica, "load_version", {"version": v, "path": path}, timeout=CALL_TIMEOUT_S)
+        self.driver.trace.span("rollout", self.name, "load_weights", t0 - self.driver.t0, time.monotonic() - self.driver.t0,
+                               version=v)
+        self.driver.weight_loads += 1
+        self.version = v
+
+    def submit(self, reqs: list[Request]) -> None:
+        if not reqs:
+            return
+        rows = []
+        for r in reqs:
+            row = dict(r.payload)
+            row["policy_version"] = r.version
+            rows.append(row)
+        batch = pa.RecordBatch.from_pylist(rows, schema=self.driver.prompt_schema)
+        self._ctrl.send(self.node, self.replica, "prompts", batch, timeout=CALL_TIMEOUT_S)
+
+    def _states(self, result: Any) -> list[RequestState]:
+        value, buffers = (result.value, result.buffers) if isinstance(result, WithBuffers) else (result, [])
+        out = []
+        for i, s in enumerate(value.get("states", [])):
+            uid = str(s["uid"])
+            row = self.driver.payloads[uid]
+            out.append(RequestState(
+                uid=uid, group_id=str(row["group_id"]), version=int(s["version"]),
+                prompt_tokens=len(row["prompt_ids"]), tokens_done=int(s.get("tokens_done", 0)),
+                has_kv=bool(s.get("has_kv", False)), kv_bytes=int(s.get("kv_bytes", 0)),
+                payload=(value, buffers, i), token_versions=tuple(sorted(set(s.get("token_versions", ()))))))
+        return out
+
+    def export(self, uids: list[str]) -> list[RequestState]:
+        return self._states(self._ctrl.call(self.node, self.replica, "export", {"uids": list(uids)}, timeout=CALL_TIMEOUT_S))
+
+    def interrupt_all(self) -> list[RequestState]:
+        return self._states(self._ctrl.call(self.node, self.replica, "interrupt_all", {}, timeout=CALL_TIMEOUT_S))
+
+    def import_(self, states: list[RequestState]) -> None:
+        # States exported together travel together: regroup them by the export call they came from.
+        by_export: dict[int, tuple[dict, list, list[int]]] = {}
+        for s in states:
+            value, buffers, i = s.payload
+            by_export.setdefault(id(value), (value, buffers, []))[2].append(i)
+        for value, buffers, picks in by_export.values():
+            state = dict(value)
+            state["keep"] = picks
+            self._ctrl.call(self.node, self.replica, "import_", {"state": state}, buffers=buffers, timeout=CALL_TIMEOUT_S)
+
+    def stats(self) -> InstanceStats:
+        s = self._ctrl.call(self.node, self.replica, "stats", {}, timeout=CALL_TIMEOUT_S)
+        cap = max(1, int(s.get("kv_tokens_capacity") or 0))
+        return InstanceStats(active=int(s.get("active", 0)), queued=int(s.get("queued", 0)), slots=self.slots,
+                             kv_used_fraction=float(s.get("kv_tokens_used", 0)) / cap)
+
+
+class RLDriver:
+    """Controller driver for RL graphs: the rollout control code on the wall clock."""
+
+    def __init__(self, graph: Graph, roles: RLRoles, params: dict[str, dict[str, Any]], metrics, progress,
+                 trace: TraceWriter | None = None):
+        self.graph, self.roles, self.params = graph, roles, params
+        self.metrics, self.progress = metrics, progress
+        self.trace = trace or TraceWriter(enabled=True)
+        a = graph.async_
+        group_size = int(params[roles.dataset].get("group_size", 1))
+        self.cfg = RolloutConfig(mode=a.mode, train_batch=a.train_batch, rollout_batch=a.rollout_batch,
+                                 group_size=group_size, max_staleness=a.max_staleness,
+                                 rebalance_period_s=2.0, kv_check_s=1.0).resolved()
+        self.total_steps = int(params[roles.update].get("steps", 1))
+        self.ctrl = None                       # set by attach()
+        self.rc: RolloutController | None = None
+        self.clock = RealClock()
+        self.t0 = time.monotonic()
+        self.prompt_schema: pa.Schema | None = None
+        self.prompt_groups: collections.deque[list[Request]] = collections.deque()
+        self.payloads: dict[str, dict[str, Any]] = {}      # uid -> prompt row (for migration bookkeeping)
+        self.scored: dict[str, dict[str, Any]] = {}        # uid -> scored row waiting for the trainer
+        self.scored_schema: pa.Schema | None = None
+        self.weight_paths: dict[int, str] = {}
+        self.weight_loads = 0
+        self.pending_batch: list[str] | None = None        # uids taken from the TransferQueue, not yet sent
+        self.sent_batch: dict[str, Any] | None = None      # what the trainer is training on now
+        self.steps_done = 0
+        self.finished_rows = 0
+        self.events_seen: collections.Counter[str] = collections.Counter()
+        self.filtered_uids: list[str] = []
+        self.reward_errors = 0
+        self.accounting: dict[str, Any] = {}
+        self._done = False
+
+    # ------------------------------------------------------------ controller hooks
+    def attach(self, ctrl) -> None:
+        self.ctrl = ctrl
+
+    def managed_edges(self) -> list[tuple[str, str]]:
+        return [(self.roles.dataset, self.roles.generate), (self.roles.trainer_feed, self.roles.update)]
+
+    def wants(self, src_node: str) -> bool:
+        """Flow control for the managed prompt edge: hold the dataset back once enough groups wait."""
+        if src_node == self.roles.dataset:
+            return len(self.prompt_groups) * self.cfg.group_size < 2 * self.cfg.rollout_batch
+        return True
+
+    def on_batch(self, src_node: str, batch: pa.RecordBatch) -> None:
+        if src_node == self.roles.dataset:
+            self._add_prompts(batch)
+        else:
+            if self.scored_schema is None:
+                self.scored_schema = batch.schema
+            for row in batch.to_pylist():
+                self.scored[str(row["uid"])] = row
+        self._maybe_train()
+
+    def on_event(self, node: str, replica: int, ev: dict[str, Any]) -> None:
+        kind = ev.get("kind")
+        self.events_seen[kind] += 1
+        if kind == "finished" and node == self.roles.generate:
+            n = len(ev["uids"])
+            done = [Finished(str(u), int(rt), tuple(tv) if tv else None)
+                    for u, tv, rt in zip(ev["uids"], ev.get("token_versions") or [None] * n,
+                                         ev.get("response_tokens") or [0] * n)]
+            self.finished_rows += len(done)
+            self._rc().on_finished(f"{node}[{replica}]", done)
+        elif kind == "weights":
+            self.weight_paths[int(ev["version"])] = ev["path"]
+            if int(ev["version"]) == 0:
+                return   # the trainer's starting weights: every replica already holds them
+            self.trace.instant("trainer", "update", f"publish v{ev['version']}", time.monotonic() - self.t0,
+                               bytes=ev.get("bytes"), seconds=ev.get("seconds"))
+            self._rc().on_published(int(ev["version"]))
+        elif kind == "train_step":
+            self._on_train_step(ev)
+        elif kind == "filtered":
+            self.filtered_uids += [str(u) for u in ev.get("uids", [])]
+            self._rc().on_dropped([str(u) for u in ev.get("uids", [])], reason="filtered")
+        elif kind == "reward_errors":
+            self.reward_errors += len(ev.get("uids", []))
+        elif kind == "done" and node == self.roles.update:
+            self._done = True
+        self._maybe_train()
+
+    def tick(self, now: float) -> None:
+        if self.rc is None and not self._enough_prompts_to_start():
+            return
+        self._rc().tick()
+        self._maybe_train()
+
+    def _enough_prompts_to_start(self) -> bool:
+        # The first dispatch asks for a whole rollout batch; starting earlier would read a
+        # momentarily short prompt buffer as an exhausted dataset.
+        return len(self.prompt_groups) * self.cfg.group_size >= self.cfg.rollout_batch
+
+    def done(self) -> bool:
+        return self._done
+
+    def finish(self) -> dict[str, Any]:
+        """Account for every dispatched trajectory (called once the run is over)."""
+        if self.rc is not None and not self.accounting:
+            self.accounting = self.rc.finish()
+            self.accounting["filtered"] = len(self.filtered_uids)
+            self.accounting["reward_errors"] = self.reward_errors
+        return self.accounting
+
+    # ------------------------------------------------------------ internals
+    def _rc(self) -> RolloutController:
+        if self.rc is None:
+            gen = self.graph.nodes[self.roles.generate]
+            slots = int(self.params[self.roles.generate].get("max_batch", 64))
+            instances = [ReplicaInstance(self, gen.name, r, slots) for r in range(gen.replicas)]
+            self.rc = RolloutController(self.cfg, instances, self._take_prompts, self.clock, trace=self.trace)
+            self.t0 = self.clock.now()
+            self.rc.start()
+        return self.rc
+
+    def _add_prompts(self, batch: pa.RecordBatch) -> None:
+        if self.prompt_schema is None:
+            schema = batch.schema
+            if "policy_version" not in schema.names:
+                schema = schema.append(pa.field("policy_version", pa.int64()))
+            self.prompt_schema = schema
+        groups: dict[Any, list[Request]] = {}
+        for row in batch.to_pylist():
+            uid = str(row["uid"])
+            row.setdefault("policy_version", 0)
+            self.payloads[uid] = row
+            groups.setdefault(row["group_id"], []).append(
+                Request(uid=uid, group_id=str(row["group_id"]), version=0, prompt_tokens=len(row["prompt_ids"]), payload=row))
+        self.prompt_groups.extend(groups.values())
+        if self.rc is not None:
+            # A short buffer earlier was prompts still in transit, not the end of the dataset.
+            self.rc.manager.exhausted = False
+            self.rc.tick()
+
+    def _take_prompts(self, n_groups: int) -> list[list[Request]]:
+        out = []
+        while self.prompt_groups and len(out) < n_groups:
+            out.append(self.prompt_groups.popleft())
+        return out
+
+    def _maybe_train(self) -> None:
+        if self.rc is None or self.sent_batch is not None or self._done:
+            return
+        if self.pending_batch is None and self.rc.trainer_ready():
+            self.pending_batch = [t.uid for t in self.rc.take_batch()]
+            self._wait_since = time.monotonic()
+        if self.pending_batch is None:
+            return
+        # Trajectories are taken when they finish generating; their scored rows trail by the
+        # reward/advantage hop. Send once every row of the batch has arrived.
+        if any(u not in self.scored for u in self.pending_batch):
+            return
+        rows = [self.scored.pop(u) for u in self.pending_batch]
+        batch = pa.RecordBatch.from_pylist(rows, schema=self.scored_schema)
+        self.sent_batch = {"uids": self.pending_batch, "sent_at": time.monotonic(),
+                           "reward_mean": _mean(r.get("reward") for r in rows),
+                           "tokens": sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows),
+                           "response_tokens": [len(r["response_ids"]) for r in rows]}
+        self.pending_batch = None
+        self.ctrl.send(self.roles.update, 0, "batch", batch, timeout=CALL_TIMEOUT_S)
+
+    def _on_train_step(self, ev: dict[str, Any]) -> None:
+        sent = self.sent_batch or {"uids": ev.get("uids", []), "reward_mean": None, "tokens": 0, "response_tokens": []}
+        self.sent_batch = None
+        step, version = int(ev["step"]), int(ev["version"])
+        now = time.monotonic()
+        self.trace.span("trainer", "update", f"train step {step}", now - self.t0 - float(ev.get("seconds") or 0.0),
+                        now - self.t0, version=version)
+        # The rollout controller numbers a step by the trainer version it starts from.
+        self._rc().on_trained(version - 1, version, [str(u) for u in ev.get("uids", sent["uids"])])
+        sm = self.rc.step_metrics[-1].to_dict() if self.rc.step_metrics else {}
+        step_time = float(sm.get("step_time_s") or 0.0) or 1e-9
+        lengths = sorted(sent["response_tokens"]) or [0]
+        rec = {
+            "step": step, "policy_version": version, "reward_mean": sent["reward_mean"],
+            "staleness_max": sm.get("staleness_max", 0), "staleness_mean": sm.get("staleness_mean", 0.0),
+            "step_time_s": step_time, "rollout_only_s": sm.get("rollout_only_s", 0.0), "tokens": sent["tokens"],
+            "tokens_per_s": sent["tokens"] / step_time, "trajectories": len(sent["uids"]),
+            "c1_violations": sm.get("c1_violations", 0), "c2_violations": sm.get("c2_violations", 0),
+            "c3_violations": sm.get("c3_violations", 0), "versions_live": sm.get("versions_live", 0),
+            "migrated_requests": sm.get("migrated_requests", 0), "reprefill_tokens": sm.get("reprefill_tokens", 0),
+            "weight_loads": sm.get("weight_loads", 0), "response_len_max": lengths[-1],
+            "response_len_median": lengths[len(lengths) // 2], "train_s": ev.get("seconds"),
+            "wall_s": now - self.t0,
+        }
+        for pool, frac in (sm.get("idle_fraction") or {}).items():
+            rec[f"idle_fraction_{pool}"] = frac
+        for k, v in (ev.get("metrics") or {}).items():
+            rec.setdefault(f"train/{k}" if k in rec else k, v)
+        self.metrics.write(rec)
+        self.progress.step(rec)
+        self.steps_done = step
+
+
+def _mean(values) -> float | None:
+    vals = [float(v) for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
