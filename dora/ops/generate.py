@@ -31,7 +31,7 @@ OUTPUT_COLUMNS = ("response_ids", "response_text", "behavior_logprobs", "token_v
 
 
 class GenerateOp(Operator):
-    control_methods = ("load_version", "export", "import_", "interrupt_all", "stats", "abort")
+    control_methods = ("submit", "load_version", "export", "import_", "interrupt_all", "stats", "abort")
 
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)
@@ -43,6 +43,7 @@ class GenerateOp(Operator):
         self.stop_ids = stop_token_ids(p.get("stop") or [], self.tokenizer, ctx.label)
         self.sampling = {k: p[k] for k in ("temperature", "top_p", "top_k", "max_tokens")}
         self.in_fields: dict[str, pa.Field] = {}   # pass-through columns seen so far, in order
+        self.in_flight: set[str] = set()           # uids submitted or imported here, not yet finished or handed on
 
     # ------------------------------------------------------------------ data
     def process(self, batch: pa.RecordBatch, port: str) -> Iterable[pa.RecordBatch]:
@@ -59,6 +60,7 @@ class GenerateOp(Operator):
         for row in rows:
             version = row.get("policy_version")
             version = self.engine.version if version is None else int(version)
+            self.in_flight.add(str(row["uid"]))
             self.engine.submit(Request(uid=str(row["uid"]), prompt_ids=[int(t) for t in row["prompt_ids"]],
                                        version=version, stop_ids=self.stop_ids,
                                        meta={"row": {k: v for k, v in row.items() if k not in OUTPUT_COLUMNS}},
@@ -70,6 +72,7 @@ class GenerateOp(Operator):
 
     def poll(self) -> Iterable[pa.RecordBatch]:
         done = [c for c in self.engine.step() if c.finish_reason != "abort"]
+        self.in_flight.difference_update(c.uid for c in done)
         if not done:
             return ()
         by_version: dict[int, list] = {}
@@ -110,19 +113,38 @@ class GenerateOp(Operator):
         self.engine.load_weights(int(version), path)
         return {"version": int(version), "seconds": time.perf_counter() - t0}
 
+    def submit(self, buffers: list) -> dict[str, Any]:
+        """Prompt rows as an Arrow IPC stream over the control channel. The orchestrator submits
+        this way so that a submit and a later load_version / export / interrupt_all reach this
+        replica in the order they were issued (data and control sockets are not ordered together)."""
+        n = 0
+        for buf in buffers:
+            for batch in pa.ipc.open_stream(pa.py_buffer(buf)):
+                self.process(batch, "prompts")
+                n += batch.num_rows
+        return {"submitted": n}
+
     def export(self, uids: list[str]):
-        return _with_buffers(*states_to_wire(self.engine.export([str(u) for u in uids])))
+        # A uid the orchestrator still counts here may have finished a moment ago (its `finished`
+        # event is on the way): it is not exported, and the caller sees it missing from the states.
+        held = [u for u in map(str, uids) if u in self.in_flight]
+        self.in_flight.difference_update(held)
+        return _with_buffers(*states_to_wire(self.engine.export(held)))
 
     def interrupt_all(self):
+        self.in_flight.clear()
         return _with_buffers(*states_to_wire(self.engine.interrupt_all()))
 
     def import_(self, state: dict[str, Any], buffers: list | None = None) -> dict[str, Any]:
         states = states_from_wire(state, list(buffers or []))
         self.engine.import_(states)
+        self.in_flight.update(s.request.uid for s in states)
         return {"imported": [s.request.uid for s in states]}
 
     def abort(self, uids: list[str]) -> dict[str, Any]:
-        return {"aborted": [u for u in map(str, uids) if self.engine.abort(u) is not None]}
+        aborted = [u for u in map(str, uids) if self.engine.abort(u) is not None]
+        self.in_flight.difference_update(aborted)
+        return {"aborted": aborted}
 
     def stats(self) -> dict[str, Any]:
         return self.engine.stats().to_dict()

@@ -101,6 +101,8 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
                       async_extra=async_extra)
     if driver is not None:
         driver.attach(ctrl)
+    from dora.ops import weights
+    weights.cleanup(run_dir)   # versions left by an earlier run in this folder would be mistaken for ours
     t0 = time.monotonic()
     ok, error = False, None
     try:
@@ -113,6 +115,7 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
     finally:
         progress.close()
         metrics.close()
+        weights.cleanup(run_dir)   # the /dev/shm copies; checkpoints stay in run_dir
     wall = time.monotonic() - t0
     summary: dict[str, Any] = summarize(metrics.records, name=graph.name, mode=graph.async_.mode, backend=backend,
                                         seed=seed, wall_s=wall, run_dir=run_dir, ok=ok, error=error, source=source)

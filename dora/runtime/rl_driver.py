@@ -90,7 +90,11 @@ class ReplicaInstance:
             row["policy_version"] = r.version
             rows.append(row)
         batch = pa.RecordBatch.from_pylist(rows, schema=self.driver.prompt_schema)
-        self._ctrl.send(self.node, self.replica, "prompts", batch, timeout=CALL_TIMEOUT_S)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        # over the control channel, so it stays ordered with load_version / export / interrupt_all
+        self._ctrl.call(self.node, self.replica, "submit", {}, buffers=[sink.getvalue()], timeout=CALL_TIMEOUT_S)
 
     def _states(self, result: Any) -> list[RequestState]:
         """Engine states (dora.ops.engines.base.states_to_wire) as the control code's RequestStates;
