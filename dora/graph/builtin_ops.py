@@ -70,7 +70,8 @@ REFERENCE = OpSpec(
     doc="Log-probabilities of each response under the frozen reference model",
     inputs=(PortSpec("trajectories", ("prompt_ids", "response_ids")),),
     adds=("ref_logprobs",),
-    params=_params(P("micro_batch_tokens", "int", 4096, "tokens per forward micro-batch")),
+    params=_params(P("micro_batch_tokens", "int", 4096, "tokens per forward micro-batch"),
+                   P("temperature", "float?", None, "logprob temperature (null = the generate node's)")),
     impl="dora.ops.reference:ReferenceOp",
 )
 
@@ -146,6 +147,7 @@ UPDATE = OpSpec(
         P("ppo_epochs", "int", 1, "passes over each training batch"),
         P("steps", "int", 20, "training steps in the run"),
         P("save_every", "int", 0, "checkpoint every N steps (0 = only at the end)"),
+        P("temperature", "float?", None, "logprob temperature (null = the generate node's, so ratios compare like with like)"),
     ),
     impl="dora.ops.update:UpdateOp",
     is_update=True,

@@ -54,7 +54,7 @@ class ReferenceOp(Operator):
         require_columns(batch, ["prompt_ids", "response_ids"], self.ctx.label)
         ref = batch_logprobs(self.model, batch.column("prompt_ids").to_pylist(), batch.column("response_ids").to_pylist(),
                              int(self.p["micro_batch_tokens"]), pad_id=self.pad_id, device=self.ctx.device,
-                             temperature=float(self.p.get("temperature", 1.0)))
+                             temperature=float(self.p.get("temperature") or 1.0))
         self.rows += batch.num_rows
         return [with_column(batch, "ref_logprobs", ref)]
 

@@ -91,7 +91,7 @@ class UpdateOp(Operator):
         self.model.train()
         self.params = [q for q in self.model.parameters() if q.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=p["lr"], weight_decay=p["weight_decay"])
-        self.temperature = float(p.get("temperature", 1.0))
+        self.temperature = float(p.get("temperature") or 1.0)   # null: launch fills in the generate node's
         self.pad_id = int(getattr(self.tokenizer, "pad_token_id", 0) or 0)
         self.buffer: pa.Table | None = None
         self.step = 0

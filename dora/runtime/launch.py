@@ -75,6 +75,19 @@ def load_graph(path: str, overrides: list[str]):
     return graph
 
 
+def _inherit_temperature(graph, specs, params) -> None:
+    """Trainer-side logprobs must use the temperature the behaviour policy sampled at, or every
+    importance ratio is off: a null `temperature` on update/reference takes the generate node's."""
+    gens = {params[n]["temperature"] for n in graph.nodes if specs[n].name == "generate"}
+    for n in graph.nodes:
+        if "temperature" in params[n] and params[n]["temperature"] is None and specs[n].name != "generate":
+            t = gens.pop() if len(gens) == 1 else 1.0
+            gens.add(t)
+            # a temperature of 0 means greedy decoding, whose logprobs the engine reports at T = 1
+            params[n]["temperature"] = t if t > 0 else 1.0
+            graph.nodes[n].params["temperature"] = params[n]["temperature"]
+
+
 def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: bool = False,
             deadline_s: float = 3600.0, source: str | None = None) -> int:
     """Run a validated graph; returns the exit code. Shared by the CLI and benchmarks/modes.py."""
@@ -88,6 +101,7 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
 
     specs = {n: resolve_op(node.op) for n, node in graph.nodes.items()}
     params = {n: fill_params(specs[n], node.params) for n, node in graph.nodes.items()}
+    _inherit_temperature(graph, specs, params)
     with open(os.path.join(run_dir, "pipeline.yaml"), "w", encoding="utf-8") as fh:
         fh.write(to_yaml(graph))   # exactly what ran, overrides applied
     roles = RLRoles.find(graph, lambda n: specs[n].name)
