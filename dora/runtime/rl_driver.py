@@ -208,8 +208,6 @@ class RLDriver:
             self.weight_paths[int(ev["version"])] = ev["path"]
             if int(ev["version"]) == 0:
                 return   # the trainer's starting weights: every replica already holds them
-            self.trace.instant("trainer", "update", f"publish v{ev['version']}", time.monotonic() - self.t0,
-                               bytes=ev.get("bytes"), seconds=ev.get("seconds"))
             self._rc().on_published(int(ev["version"]))
         elif kind == "train_step":
             self._on_train_step(ev)
