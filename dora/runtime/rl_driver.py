@@ -32,6 +32,19 @@ from dora.runtime.wire import WithBuffers
 CALL_TIMEOUT_S = 120.0   # a weight load of a small model on a busy 2-core machine takes seconds, not minutes
 
 
+class RunClock(RealClock):
+    """Wall time since the run started: the trace and the control code share this origin."""
+
+    def __init__(self):
+        self.origin = time.monotonic()
+
+    def now(self) -> float:
+        return time.monotonic() - self.origin
+
+    def sleep_until(self, t: float) -> None:
+        super().sleep_until(t + self.origin)
+
+
 @dataclasses.dataclass
 class RLRoles:
     """Which nodes play which part in an RL graph."""
@@ -74,9 +87,10 @@ class ReplicaInstance:
         if v == self.version:
             return
         path = self.driver.weight_paths[v]
-        t0 = time.monotonic()
+        clock = self.driver.clock
+        t0 = clock.now()
         self._ctrl.call(self.node, self.replica, "load_version", {"version": v, "path": path}, timeout=CALL_TIMEOUT_S)
-        self.driver.trace.span("rollout", self.name, "load_weights", t0 - self.driver.t0, time.monotonic() - self.driver.t0,
+        self.driver.trace.span("rollout", self.name, "load_weights", t0, clock.now(),
                                version=v)
         self.driver.weight_loads += 1
         self.version = v
@@ -152,8 +166,7 @@ class RLDriver:
         self.total_steps = int(params[roles.update].get("steps", 1))
         self.ctrl = None                       # set by attach()
         self.rc: RolloutController | None = None
-        self.clock = RealClock()
-        self.t0 = time.monotonic()
+        self.clock = RunClock()
         self.prompt_schema: pa.Schema | None = None
         self.prompt_groups: collections.deque[list[Request]] = collections.deque()
         self.payloads: dict[str, dict[str, Any]] = {}      # uid -> prompt row (for migration bookkeeping)
@@ -249,7 +262,6 @@ class RLDriver:
             slots = int(self.params[self.roles.generate].get("max_batch", 64))
             instances = [ReplicaInstance(self, gen.name, r, slots) for r in range(gen.replicas)]
             self.rc = RolloutController(self.cfg, instances, self._take_prompts, self.clock, trace=self.trace)
-            self.t0 = self.clock.now()
             self.rc.start()
         return self.rc
 
@@ -303,9 +315,9 @@ class RLDriver:
         sent = self.sent_batch or {"uids": ev.get("uids", []), "reward_mean": None, "tokens": 0, "response_tokens": []}
         self.sent_batch = None
         step, version = int(ev["step"]), int(ev["version"])
-        now = time.monotonic()
-        self.trace.span("trainer", "update", f"train step {step}", now - self.t0 - float(ev.get("seconds") or 0.0),
-                        now - self.t0, version=version)
+        now = self.clock.now()
+        self.trace.span("trainer", "update", f"train step {step}", now - float(ev.get("seconds") or 0.0), now,
+                        version=version)
         # The rollout controller numbers a step by the trainer version it starts from.
         self._rc().on_trained(version - 1, version, [str(u) for u in ev.get("uids", sent["uids"])])
         sm = self.rc.step_metrics[-1].to_dict() if self.rc.step_metrics else {}
@@ -321,7 +333,7 @@ class RLDriver:
             "migrated_requests": sm.get("migrated_requests", 0), "reprefill_tokens": sm.get("reprefill_tokens", 0),
             "weight_loads": sm.get("weight_loads", 0), "response_len_max": lengths[-1],
             "response_len_median": lengths[len(lengths) // 2], "train_s": ev.get("seconds"),
-            "wall_s": now - self.t0,
+            "wall_s": now,
         }
         for pool, frac in (sm.get("idle_fraction") or {}).items():
             rec[f"idle_fraction_{pool}"] = frac
