@@ -11,18 +11,19 @@ from dora.graph.yaml_io import load_graph, load_text
 
 QUICKSTART = os.path.join(os.path.dirname(__file__), "..", "pipelines", "quickstart.yaml")
 MODEL = {"arch": "llama", "hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 128,
-         "vocab": 0, "max_positions": 512, "init_std": 0.02, "tokenizer": "chars"}
+         "vocab": 0, "max_positions": 512, "init_std": 0.05, "tokenizer": "chars"}
 
 
 def build_quickstart() -> Pipeline:
     p = Pipeline("grpo-quickstart", model=MODEL, pools={"rollout": ("cpu", 2), "train": {"device": "cpu", "count": 1}},
-                 async_={"mode": "sync", "max_staleness": 1, "rollout_batch": 16, "train_batch": 16},
+                 async_={"mode": "sync", "max_staleness": 1, "rollout_batch": 96, "train_batch": 64},
                  description="GRPO on a tiny random model and the synthetic quickstart task (CPU only)", run={"seed": 0})
-    prompts = p.node("prompts", "dataset", source="synthetic:quickstart", size=256, group_size=4, batch_prompts=2, seed=0)
+    prompts = p.node("prompts", "dataset", source="synthetic:quickstart", size=1024, group_size=4, batch_prompts=4, seed=0, epochs=0)
     rollout = p.node("rollout", "generate", pool="rollout", replicas=2, temperature=1.0, max_tokens=128, max_batch=32)
     reward = p.node("reward", "reward", fn="synthetic")
     adv = p.node("advantage", "advantage", estimator="grpo")
-    train = p.node("train", "update", pool="train", params={"loss": "ppo_clip", "lr": 1e-3, "steps": 20, "micro_batch_tokens": 4096})
+    train = p.node("train", "update", pool="train", params={"loss": "ppo_clip", "lr": 5e-3, "weight_decay": 0.0, "grad_clip": 1.0, "agg": "token_mean",
+                                                              "steps": 40, "micro_batch_tokens": 8192})
     prompts >> rollout >> reward >> adv.scored.opts(group_by="group_id")
     adv.out >> train.batch
     train.weights >> rollout.weights

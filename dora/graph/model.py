@@ -119,11 +119,12 @@ class Graph:
     def sources(self) -> list[str]:
         return [n for n, node in self.nodes.items() if not node.inputs]
 
-    def topo_order(self) -> list[str]:
-        """Nodes in data-edge topological order (ties broken by declaration order)."""
+    def acyclic_prefix(self) -> list[str]:
+        """Nodes in topological order (Kahn's algorithm, ties by declaration order), leaving out
+        those on or behind a cycle; edges from unknown nodes are ignored. Never raises."""
+        indeg = {n: len({e.src for e in node.inputs.values() if e.src in self.nodes}) for n, node in self.nodes.items()}
+        ready = [n for n, d in indeg.items() if d == 0]
         order: list[str] = []
-        indeg = {n: len({e.src for e in node.inputs.values()}) for n, node in self.nodes.items()}
-        ready = [n for n in self.nodes if indeg[n] == 0]
         while ready:
             n = ready.pop(0)
             order.append(n)
@@ -131,6 +132,11 @@ class Graph:
                 indeg[dst] -= 1
                 if indeg[dst] == 0:
                     ready.append(dst)
+        return order
+
+    def topo_order(self) -> list[str]:
+        """Nodes in data-edge topological order (ties broken by declaration order)."""
+        order = self.acyclic_prefix()
         if len(order) != len(self.nodes):
             raise ValueError("data edges form a cycle; run validation for details")
         return order

@@ -83,16 +83,4 @@ def propagate(g: Graph, specs: dict[str, OpSpec | None] | None = None) -> Schema
 
 
 def _acyclic_prefix(g: Graph) -> list[str]:
-    """Nodes in topological order, leaving out those on or behind a cycle (Kahn's algorithm;
-    unlike Graph.topo_order it ignores edges from unknown nodes and never raises)."""
-    indeg = {n: len({e.src for e in node.inputs.values() if e.src in g.nodes}) for n, node in g.nodes.items()}
-    ready = [n for n, d in indeg.items() if d == 0]
-    order: list[str] = []
-    while ready:
-        n = ready.pop(0)
-        order.append(n)
-        for dst in dict.fromkeys(e.dst for e in g.consumers(n)):
-            indeg[dst] -= 1
-            if indeg[dst] == 0:
-                ready.append(dst)
-    return order
+    return g.acyclic_prefix()
