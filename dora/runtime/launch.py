@@ -33,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the placement plan and exit")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--deadline", type=float, default=3600.0, help="fail the run after this many seconds")
+    p.add_argument("--hb-timeout", type=float, default=30.0,
+                   help="declare a worker dead after this many seconds without a heartbeat (generous: a 2-core "
+                        "machine running torch in every worker can starve a heartbeat thread for seconds)")
     return p
 
 
@@ -58,7 +61,7 @@ def run_main(argv: list[str] | None = None) -> int:
     run_dir = args.out or os.path.join("runs", f"{graph.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     os.makedirs(run_dir, exist_ok=True)
     return execute(graph, run_dir, backend=args.backend, seed=seed, quiet=args.quiet, deadline_s=args.deadline,
-                   source=args.pipeline)
+                   source=args.pipeline, hb_timeout=args.hb_timeout)
 
 
 def load_graph(path: str, overrides: list[str]):
@@ -89,7 +92,7 @@ def _inherit_temperature(graph, specs, params) -> None:
 
 
 def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: bool = False,
-            deadline_s: float = 3600.0, source: str | None = None) -> int:
+            deadline_s: float = 3600.0, source: str | None = None, hb_timeout: float = 30.0) -> int:
     """Run a validated graph; returns the exit code. Shared by the CLI and benchmarks/modes.py."""
     from dora.graph.opspec import fill_params, resolve_op
     from dora.graph.yaml_io import to_yaml
@@ -112,7 +115,7 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
     group_sizes = {p["group_size"] for n, p in params.items() if specs[n].name == "dataset"}
     async_extra = {"group_size": group_sizes.pop()} if len(group_sizes) == 1 else {}
     ctrl = Controller(graph, backend=backend, driver=driver, run_dir=run_dir, seed=seed, deadline_s=deadline_s,
-                      async_extra=async_extra)
+                      hb_timeout=hb_timeout, async_extra=async_extra)
     if driver is not None:
         driver.attach(ctrl)
     from dora.ops import weights
