@@ -31,10 +31,11 @@ def paper_setting(gpus: int, steps: int) -> list[str]:
                     f"{r['tokens_per_s'] / sync_tps:.2f}x | {r['tokens_per_s'] / bound['tokens_per_s']:.2f} | "
                     f"{r['rollout_only_fraction']:.1%} | {r['bubble_fraction']:.1%} | {r['overhead_fraction']:.2%} | "
                     f"{r['staleness_max']} | {r['c1_violations']}/{r['c2_violations']}/{r['c3_violations']} | "
-                    f"{r['migrated_requests']:,} | {r['train_gpus']}+{r['rollout_instances']}x4 | {wall:.1f} |")
+                    f"{r['migrated_requests']:,} | {r['reprefill_tokens'] / r['steps'] / 1e6:.2f}M | "
+                    f"{r['train_gpus']}+{r['rollout_instances']}x4 | {wall:.1f} |")
         print(rows[-1], flush=True)
     rows.append(f"| {gpus} | ideal | {bound['step_time_s'] / 60:.2f} | {bound['tokens_per_s']:,.0f} | "
-                f"{bound['tokens_per_s'] / sync_tps:.2f}x | 1.00 | - | - | - | - | - | - | - | - |")
+                f"{bound['tokens_per_s'] / sync_tps:.2f}x | 1.00 | - | - | - | - | - | - | - | - | - |")
     print(rows[-1], flush=True)
     return rows
 
@@ -47,8 +48,9 @@ def speed(steps: int) -> list[str]:
         t0 = time.perf_counter()
         r = simulate(cfg)
         wall = time.perf_counter() - t0
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         rows.append(f"| {mode} | 4096 | {r['rollout_instances']} | 8192 | {steps} | {r['trajectories_trained']:,} | "
-                    f"{r['total_time_s'] / 3600:.1f} h | {wall:.1f} s | {'yes' if wall < 60 else 'NO'} |")
+                    f"{r['total_time_s'] / 3600:.1f} h | {wall:.1f} s | {'yes' if wall < 60 else 'NO'} | {load:.1f} |")
         print(rows[-1], flush=True)
     return rows
 
@@ -57,16 +59,17 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--speed-steps", type=int, default=50)
-    ap.add_argument("--gpus", default="64,128")
+    ap.add_argument("--gpus", default="64,128", help="paper-setting cluster sizes ('' to skip)")
     ap.add_argument("--record", default=None, help="append the tables to this markdown file")
     a = ap.parse_args()
     head = ("| GPUs | mode | step (min) | tok/s | x sync | / ideal | rollout-only | bubble | overhead | stale max | "
-            "C1/C2/C3 | migrated | train+rollout GPUs | wall s |\n|" + "---|" * 14)
+            "C1/C2/C3 | migrated | re-prefill/step | train+rollout GPUs | wall s |\n|" + "---|" * 15)
     print(head)
     rows = []
-    for g in a.gpus.split(","):
+    for g in filter(None, a.gpus.split(",")):
         rows += paper_setting(int(g), a.steps)
-    shead = "| mode | GPUs | rollout groups | traj/step | steps | trained | simulated | wall | < 60 s |\n|" + "---|" * 9
+    shead = ("| mode | GPUs | rollout groups | traj/step | steps | trained | simulated | wall | < 60 s | load avg |\n|"
+             + "---|" * 10)
     print(shead)
     srows = speed(a.speed_steps)
     if a.record:

@@ -244,3 +244,158 @@ def test_config_errors():
     with pytest.raises(RolloutConfigError, match=">= train_batch"):
         RolloutConfig(mode="dora", train_batch=16, rollout_batch=8, group_size=4).resolved()
     assert RolloutConfig(mode="sync", max_staleness=5, train_batch=8, group_size=4).resolved().max_staleness == 0
+
+
+def run_with_drops(mode, seed, steps=25, n_inst=5, g=4, tbs=16, k=3, p_drop=0.3):
+    """Like run_chaos, with a filter that drops whole groups (DAPO dynamic sampling): finished
+    groups in the queue, groups with members still generating, and groups inside a batch that
+    was taken but is still being scored (that batch is revoked and taken again)."""
+    rng = random.Random(seed)
+    clock = Clock()
+    insts = [FakeInstance(f"i{j}") for j in range(n_inst)]
+    take, counter = make_prompts(g, rng)
+    c = RolloutController(RolloutConfig(mode=mode, train_batch=tbs, group_size=g, max_staleness=k,
+                                        rebalance_period_s=1.0, urgent_batch=2), insts, take, clock)
+    c.start()
+    finished: dict[str, set[str]] = collections.defaultdict(set)
+    dropped_groups: set[str] = set()
+    batches, trained = [], []
+    pending = None                        # (step, batch, scored_at): taken, being scored
+    training = None                       # (step, uids, done_at)
+    publish_at, version, revocations = None, 0, 0
+
+    def drop(gid, reason):
+        nonlocal pending, revocations
+        members = [f"{gid}.{j}" for j in range(g)]
+        dropped_groups.add(gid)
+        revoked = c.on_dropped(members, reason)
+        if pending is not None and any(t.group_id == gid for t in pending[1]):
+            assert revoked == [pending[0]], "a batch holding a dropped group must be revoked"
+            pending, revocations = None, revocations + 1
+        else:
+            assert revoked == []
+
+    for _ in range(40000):
+        if len(batches) >= steps:
+            break
+        clock.t += rng.uniform(0.1, 2.0)
+        inst = rng.choice(insts)
+        fin = inst.progress(rng)
+        if fin:
+            c.on_finished(inst.name, fin)
+            for f in fin:
+                gid = f.uid.rsplit(".", 1)[0]
+                finished[gid].add(f.uid)
+                if len(finished[gid]) == g and gid not in dropped_groups and rng.random() < p_drop:
+                    drop(gid, "filtered")          # all G rewards equal: the filter drops the group
+        if rng.random() < 0.05:                    # a group with members still generating
+            part = [gid for gid, us in finished.items() if 0 < len(us) < g and gid not in dropped_groups]
+            if part:
+                drop(rng.choice(part), "partial")
+        if pending is not None and rng.random() < 0.2:   # a group of the batch being scored
+            drop(rng.choice(pending[1]).group_id, "filtered")
+        if rng.random() < 0.3:
+            c.tick()
+        if rng.random() < 0.1:
+            c.rebalance()
+        if pending is None and training is None and c.trainer_ready():
+            step = len(batches)
+            batch = c.take_batch()
+            assert c.queue.next_step == step + 1
+            pending = (step, batch, clock.t + rng.uniform(0, 3))
+        if pending is not None and training is None and clock.t >= pending[2]:
+            step, batch, _ = pending
+            pending = None
+            batches.append((step, batch))
+            training = (step, [t.uid for t in batch], clock.t + rng.uniform(1, 20))
+        if training is not None and clock.t >= training[2]:
+            step, uids, _ = training
+            trained.extend(uids)
+            version = step + 1
+            c.on_trained(step, version, uids)
+            training = None
+            publish_at = clock.t + rng.uniform(0, 3)
+        if publish_at is not None and clock.t >= publish_at:
+            c.on_published(version)
+            publish_at = None
+    assert len(batches) >= steps, f"{mode}: only {len(batches)} steps with drops (replacements not dispatched?)"
+    return c, batches, trained, counter[0] * g, insts, finished, dropped_groups, revocations
+
+
+@pytest.mark.parametrize("mode", ["sync", "one_step_off", "partial", "dora"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_dropped_groups_are_replaced_never_trained_and_accounted(mode, seed):
+    c, batches, trained, dispatched_n, insts, finished, dropped_groups, revocations = run_with_drops(mode, seed)
+    k = c.cfg.max_staleness
+    assert len(trained) == len(set(trained))
+    assert not {u.rsplit(".", 1)[0] for u in trained} & dropped_groups, "a dropped group was trained"
+    for step, batch in batches:
+        assert len(batch) == c.cfg.train_batch, "every step trains exactly TBS despite the drops"
+        assert set(collections.Counter(t.group_id for t in batch).values()) == {c.cfg.group_size}
+        assert all(0 <= step - t.version <= k for t in batch)
+    assert [m.trajectories for m in c.step_metrics] == [c.cfg.train_batch] * len(c.step_metrics)
+    s = c.finish()
+    want_dropped = sum(len(finished[gid]) for gid in dropped_groups)
+    assert s["dropped"] == want_dropped > 0
+    assert sum(s["dropped_by_reason"].values()) == s["dropped"]
+    assert set(s["dropped_by_reason"]) <= {"filtered", "partial"}
+    assert sum(m.dropped for m in c.step_metrics) <= s["dropped"]
+    assert s["lost"] == 0 and s["c2_violations"] == 0 and s["c3_violations"] == 0
+    assert s["dispatched"] == dispatched_n
+    assert (s["trained"] + s["finished_untrained"] + s["in_flight_at_end"] + s["in_training_at_end"]
+            + s["dropped"]) == dispatched_n
+    assert s["in_flight_at_end"] == sum(len(i.reqs) for i in insts) + sum(len(x) for x in c._pending_retag)
+    if mode != "partial":
+        assert s["c1_violations"] == 0
+    # a repeated or unknown drop changes nothing but the unknown counter
+    before = c.finish()["dropped"]
+    c.on_dropped(["nope.0"], "filtered")
+    c.on_dropped([f"{next(iter(dropped_groups))}.0"], "filtered")
+    assert c.finish()["dropped"] == before and c.totals["dropped_unknown"] == 1
+
+
+def test_drops_revoke_taken_batches():
+    revs = sum(run_with_drops("dora", seed)[7] for seed in range(3))
+    assert revs > 0, "the harness must exercise revoking a taken batch"
+
+
+def test_urgent_spread_tightens_when_the_tail_outlasts_the_window():
+    clock = Clock()
+    insts = [FakeInstance(f"i{j}") for j in range(3)]
+    take, _ = make_prompts(4, random.Random(0))
+    c = RolloutController(RolloutConfig(mode="dora", train_batch=8, group_size=4, max_staleness=2,
+                                        urgent_batch=64, urgent_batch_tight=16), insts, take, clock)
+    c.start()
+    assert c.urgent_batch == 16                       # tight until K steps of evidence
+    for step, (tail, took) in enumerate([(50, 100), (50, 100), (50, 100), (500, 100), (50, 100)]):
+        c._gen_max[-1] = tail                         # longest dispatch -> finish time this interval
+        clock.t += took
+        batch = [] if not c.trainer_ready() else c.take_batch()
+        c.on_trained(step, step + 1, [t.uid for t in batch])
+        # window = K x trainer step time (100 s each, no waits); tail = max over the last 2K steps
+        want = 16 if step < 1 or step >= 3 else 64
+        assert c.urgent_batch == want, (step, c.urgent_batch)
+
+
+def test_dropping_a_group_that_has_not_started_keeps_the_accounting():
+    clock = Clock()
+    insts = [FakeInstance(f"i{j}", slots=4) for j in range(2)]
+    take, _ = make_prompts(4, random.Random(3))
+    c = RolloutController(RolloutConfig(mode="dora", train_batch=8, rollout_batch=16, group_size=4),
+                          insts, take, clock)
+    c.start()
+    queued = [u for i in insts for u in list(i.reqs)[4:]]      # beyond the slots: not started
+    gid = queued[0].rsplit(".", 1)[0]
+    assert c.on_dropped([queued[0]], "filtered") == []
+    c.on_published(1)                                           # retag must leave the dropped group alone
+    c.on_published(2)
+    for _ in range(200):
+        for i in insts:
+            fin = i.progress(random.Random(len(i.reqs)))
+            if fin:
+                c.on_finished(i.name, fin)
+    s = c.finish()
+    assert s["lost"] == 0 and s["c2_violations"] == 0
+    still = [u for i in insts for u in i.reqs if u.rsplit(".", 1)[0] == gid]
+    assert s["dropped"] == 4 - len(still) and s["dropped_by_reason"].get("filtered", 0) == s["dropped"]
+    assert s["dropped"] > 0

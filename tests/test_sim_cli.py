@@ -46,7 +46,15 @@ def test_trace_workload(tmp_path):
     (["--trace", "/nonexistent/x.jsonl"], "cannot read trace"),
     (["--max-staleness", "0", "--modes", "dora"], "max_staleness"),
     (["--gpus", "many"], "invalid int"),
+    (["--drop-groups", "1.5"], "--drop-groups"),
 ])
 def test_bad_arguments_exit_2(args, msg, capsys):
     assert simulate_main(SMALL + args) == 2
     assert msg in capsys.readouterr().err
+
+
+def test_drop_groups_are_accounted(tmp_path):
+    out = tmp_path / "o.json"
+    assert simulate_main(SMALL + ["--modes", "sync,dora", "--drop-groups", "0.25", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert all(r["dropped"] > 0 and r["lost"] == 0 and r["c2_violations"] == 0 for r in rows if r["mode"] != "ideal")

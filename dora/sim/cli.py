@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="RBS, trajectories kept in flight (dora/partial; 0 = 1.5 x TBS)")
     p.add_argument("--group-size", type=int, default=16, help="G, responses per prompt")
     p.add_argument("--train-gpus", type=int, default=0, help="trainer pool size for disaggregated modes (0 = balanced)")
+    p.add_argument("--drop-groups", type=float, default=0.0, metavar="P",
+                   help="fraction of finished groups a filter drops (DAPO dynamic sampling); replaced by new prompts")
     p.add_argument("--json", default=None, metavar="FILE", help="write results as a JSON array")
     p.add_argument("--trace-out", default=None, metavar="FILE",
                    help="Chrome/Perfetto trace (one file per mode: FILE with .<mode> before the extension)")
@@ -71,12 +73,14 @@ def _configs(a: argparse.Namespace) -> list[SimConfig]:
         raise _BadArgs(f"--steps must be >= 1, got {a.steps}")
     if a.train_gpus and not (0 < a.train_gpus <= a.gpus - tp):
         raise _BadArgs(f"--train-gpus {a.train_gpus}: must leave at least one rollout group of {tp} GPUs out of {a.gpus}")
+    if not 0 <= a.drop_groups < 1:
+        raise _BadArgs(f"--drop-groups {a.drop_groups}: must be in [0, 1)")
     get_workload(a.workload, a.trace)          # WorkloadError -> exit 2
     out = []
     for m in modes:
         c = SimConfig(mode=m, model=a.model, gpus=a.gpus, steps=a.steps, seed=a.seed, train_batch=a.train_batch,
                       rollout_batch=a.rollout_batch, group_size=a.group_size, max_staleness=a.max_staleness,
-                      workload=a.workload, trace_file=a.trace, train_gpus=a.train_gpus)
+                      workload=a.workload, trace_file=a.trace, train_gpus=a.train_gpus, drop_groups=a.drop_groups)
         RolloutConfig(mode=m, train_batch=c.train_batch, rollout_batch=c.rollout_batch, group_size=c.group_size,
                       max_staleness=c.max_staleness).resolved()   # RolloutConfigError -> exit 2
         out.append(c)

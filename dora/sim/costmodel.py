@@ -44,7 +44,8 @@ class Hardware:
     hbm_bytes: float = 80e9
     p2p_bw: float = 50e9        # weights / KV between instances, bytes/s per link
     mfu_prefill: float = 0.45
-    mfu_train: float = 0.38
+    mfu_decode: float = 0.50    # decode GEMMs at large batch
+    mfu_train: float = 0.33     # fitted to the paper's sync step times (see CostModel)
     mbu_decode: float = 0.70    # fraction of HBM bandwidth decode achieves
 
 
@@ -52,23 +53,31 @@ class CostModel:
     def __init__(self, model: ModelSpec, hw: Hardware = Hardware()):
         self.model, self.hw = model, hw
         tp = model.tp
-        # decode step: read the weights once + per-sequence compute/overheads + read the KV context
-        self.t_step0 = model.weight_bytes / tp / (hw.hbm_bw * hw.mbu_decode) + 0.020  # + TP all-reduces, launch, sampling
-        self.t_per_seq = 2 * model.params_b * 1e9 / (tp * hw.flops * 0.35) + 2e-5
+        # decode step (roofline): a fixed part (TP all-reduces, kernel launches, sampling: 20 ms,
+        # fitted so a lone 30K-token trajectory takes the ~890 s the paper's sync tail takes),
+        # + per-sequence CPU scheduling, + max(read the weights once, the batch's GEMM FLOPs)
+        # (they overlap: small batches are bound by the weight read, large ones by compute),
+        # + reading the KV context.
+        self.t_fixed = 0.020
+        self.t_weights = model.weight_bytes / tp / (hw.hbm_bw * hw.mbu_decode)
+        self.t_sched_per_seq = 1e-5
+        self.t_flops_per_seq = 2 * model.params_b * 1e9 / (tp * hw.flops * hw.mfu_decode)
         self.t_per_ctx_token = model.kv_bytes_per_token / tp / (hw.hbm_bw * hw.mbu_decode)
         self.prefill_per_token = 2 * model.params_b * 1e9 / (tp * hw.flops * hw.mfu_prefill)
         self.kv_capacity_tokens = int(max(0.0, 0.9 * tp * hw.hbm_bytes - model.weight_bytes) / model.kv_bytes_per_token)
         # training: forward+backward (6N) plus recomputing old/ref log-probs (2 x 2N) per token,
         # plus a per-step cost that does not shrink with GPUs (pipeline fill/drain of the log-prob
-        # and update passes, optimizer step, weight gather). The paper's sync step times at 64 and
-        # 128 GPUs (22.9 / 20.2 min, 65% / 73% rollout-only) imply ~175 s of it for 32B.
+        # and update passes, optimizer step, weight gather). Fitted to the paper's sync steps:
+        # train time = step x (1 - rollout-only share) = 481 s at 64 GPUs, 328 s at 128, for
+        # ~19.5M tokens/step (tok/s x step) -> 1.0e-3 GPU-s/token (10N FLOPs at 33% MFU) + 175 s.
         self.train_flops_per_token = 10 * model.params_b * 1e9
-        self.train_fixed_s = 150.0 * model.params_b / 32.8
+        self.train_fixed_s = 175.0 * model.params_b / 32.8
 
     # -- rollout ----------------------------------------------------------------------------------
     def decode_step_s(self, batch: int, ctx_tokens: float) -> float:
         """Time of one decode iteration for `batch` running sequences holding ctx_tokens of KV."""
-        return self.t_step0 + self.t_per_seq * batch + self.t_per_ctx_token * ctx_tokens
+        return (self.t_fixed + self.t_sched_per_seq * batch + max(self.t_weights, self.t_flops_per_seq * batch)
+                + self.t_per_ctx_token * ctx_tokens)
 
     def prefill_s(self, new_tokens: int, ctx_before: int = 0) -> float:
         """Prefill of new_tokens after ctx_before cached tokens; attention makes it superlinear."""

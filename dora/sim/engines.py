@@ -208,13 +208,16 @@ class SimInstance:
     def import_(self, states: list[RequestState]) -> None:
         self._advance()
         kv = 0
+        resumed: collections.OrderedDict[str, _Seq] = collections.OrderedDict()
         for st in states:
             if st.version != self.version:
                 raise RuntimeError(f"{self.name}: import of {st.uid} at version {st.version}, instance hosts {self.version}")
-            self.queue[st.uid] = _Seq(st.uid, st.group_id, st.prompt_tokens, int(st.payload), st.tokens_done,
-                                      tuple(st.token_versions), st.has_kv)
-            self.queue.move_to_end(st.uid, last=False)     # in-flight work resumes first
+            resumed[st.uid] = _Seq(st.uid, st.group_id, st.prompt_tokens, int(st.payload), st.tokens_done,
+                                   tuple(st.token_versions), st.has_kv)
             kv += st.kv_bytes
+        # in-flight work resumes first, in the order it was running (oldest admitted first)
+        resumed.update(self.queue)
+        self.queue = resumed
         if kv:
             t = self.cost.kv_transfer_s(kv)
             self._stall(t)

@@ -9,7 +9,9 @@ step (`--train-gpus` overrides), identical for one_step_off, partial and dora.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import random
 from typing import Any
 
 from dora.runtime.rollout import RolloutConfig, RolloutController, TraceWriter
@@ -21,7 +23,7 @@ from .trainer import SimTrainer
 from .workloads import PromptSource, Workload, get_workload
 
 
-ROLLOUT_EFFICIENCY = 0.85   # measured: DORA's rollout pool vs the full-batch decode bound
+ROLLOUT_EFFICIENCY = 0.85   # assumed rollout pool vs full-batch decode bound; only picks the (shared) split
 
 
 class SimulationError(RuntimeError):
@@ -47,6 +49,7 @@ class SimConfig:
     kv_tokens: int = 0              # override KV capacity per instance in tokens (0 = from the cost model)
     rollout: dict = dataclasses.field(default_factory=dict)   # extra RolloutConfig fields (thresholds)
     max_idle_sim_s: float = 86400.0  # no training step for this long (simulated) = stuck
+    drop_groups: float = 0.0        # DAPO dynamic sampling: this fraction of finished groups is dropped (seeded)
 
 
 def placement(cfg: SimConfig, cost: CostModel, workload: Workload) -> tuple[int, int, bool]:
@@ -96,6 +99,25 @@ def ideal(cfg: SimConfig) -> dict[str, float]:
             "rollout_only_fraction": 0.0, "bubble_fraction": 0.0, "overhead_fraction": 0.0}
 
 
+def _dropping(holder: dict[str, RolloutController], cfg: SimConfig):
+    """on_finished for the instances; with drop_groups > 0 a filter drops that fraction of the
+    groups as they complete (all rewards equal), as DAPO's dynamic sampling does."""
+    if cfg.drop_groups <= 0:
+        return lambda name, done: holder["c"].on_finished(name, done)
+    rng, left = random.Random(cfg.seed + 7919), collections.Counter()
+
+    def on_finished(name, done):
+        holder["c"].on_finished(name, done)
+        for f in done:
+            gid = f.uid.rsplit(".", 1)[0]
+            left[gid] += 1
+            if left[gid] == cfg.group_size:
+                del left[gid]
+                if rng.random() < cfg.drop_groups:
+                    holder["c"].on_dropped([f.uid], "filtered")      # drops the uid's whole group
+    return on_finished
+
+
 def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) -> dict[str, Any]:
     """Run one mode. `observer(controller, trainer, instances)`, if given, is called once the
     parts are built (tests use it to watch events)."""
@@ -112,8 +134,8 @@ def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) ->
                          group_size=cfg.group_size, max_staleness=cfg.max_staleness, **cfg.rollout).resolved()
     prompts = PromptSource(workload, cfg.group_size, cfg.seed)
     holder: dict[str, RolloutController] = {}
-    instances = [SimInstance(f"rollout{i}", cost, clock, lambda n, d: holder["c"].on_finished(n, d), trace)
-                 for i in range(n_inst)]
+    on_finished = _dropping(holder, cfg)       # one for all instances (one filter, one seeded stream)
+    instances = [SimInstance(f"rollout{i}", cost, clock, on_finished, trace) for i in range(n_inst)]
     for i in instances:
         i.slots = cfg.max_batch or i.slots
         i.kv_capacity = cfg.kv_tokens or i.kv_capacity
@@ -184,5 +206,5 @@ def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) ->
         "weight_loads": summary["weight_loads"], "rebalances": summary["rebalances"],
         "total_time_s": end["t"], "trajectories_trained": summary["trained"],
         "in_flight_at_end": summary["in_flight_at_end"], "finished_untrained": summary["finished_untrained"],
-        "lost": summary["lost"], "per_step": [m.to_dict() for m in sm],
+        "lost": summary["lost"], "dropped": summary["dropped"], "per_step": [m.to_dict() for m in sm],
     }

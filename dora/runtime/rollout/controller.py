@@ -9,6 +9,7 @@ RolloutInstance protocol. The driver (simulator or real runtime) calls:
     if c.trainer_ready(): batch = c.take_batch()     # exactly TBS trajectories, whole groups
     c.on_trained(step, version_after, consumed_uids) # the step is over (weights not yet served)
     c.on_published(version)                 # new weights can be loaded by rollout instances
+    c.on_dropped(uids, reason)              # a filter dropped these groups (e.g. DAPO dynamic sampling)
     c.tick()                                # periodically (every few seconds)
     summary = c.finish()                    # end of run: accounting of every dispatched uid
 
@@ -23,6 +24,7 @@ Modes are policies over the same parts (see config.RolloutConfig):
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any, Callable, Sequence
 
@@ -53,6 +55,7 @@ class StepMetrics:
     reprefill_tokens: int
     weight_loads: int
     idle_fraction: dict[str, float]  # per pool: rollout (sampled at ticks), trainer
+    dropped: int = 0               # trajectories dropped by filters during this step's interval
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -85,11 +88,20 @@ class RolloutController:
         self._dispatched = self._trained = 0
         self._pending_retag: list[list[Request]] = []   # unstarted groups moved to the newest version
         self._retagged = 0
+        self._members: dict[str, list[str]] = {}        # group id -> uids, until trained (kept if dropped)
+        self._group_of: dict[str, str] = {}             # uid -> group id, until trained (kept if dropped)
+        self._dropped_groups: dict[str, str] = {}       # group id -> reason (members may still be generating)
+        self.dropped: collections.Counter[str] = collections.Counter()   # reason -> trajectories dropped
+        self._dropped_interval = 0
+        self.urgent_batch = self.cfg.urgent_batch_tight  # until K steps tell (see _adapt_urgent_batch)
+        self._dispatched_at: dict[str, float] = {}       # group id -> dispatch (or retag) time
+        self._gen_max: list[float] = [0.0]               # per step interval: longest dispatch -> finish
         # interval counters (reset at each step end)
         self._migrated = self._reprefill = self._loads = 0
         self._idle_samples = self._idle_hits = 0
         self.totals = {"migrated_requests": 0, "migrated_kv_bytes": 0, "reprefill_tokens": 0,
-                       "weight_loads": 0, "rebalances": 0, "retagged_requests": 0, "rollout_only_s": 0.0}
+                       "weight_loads": 0, "rebalances": 0, "retagged_requests": 0, "rollout_only_s": 0.0,
+                       "dropped_unknown": 0}
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -113,9 +125,11 @@ class RolloutController:
         in_flight = self.manager.r_sum + sum(len(x) for x in self._pending_retag)
         waiting = self.queue.waiting()
         in_training = sum(len(u) for u in self._taken.values())
-        lost = self._dispatched - self._trained - waiting - in_flight - in_training
+        dropped = sum(self.dropped.values())
+        lost = self._dispatched - self._trained - waiting - in_flight - in_training - dropped
         return {"dispatched": self._dispatched, "trained": self._trained, "in_training_at_end": in_training,
                 "finished_untrained": waiting, "in_flight_at_end": in_flight, "lost": lost,
+                "dropped": dropped, "dropped_by_reason": dict(self.dropped),
                 "c1_violations": self.queue.c1_violations,
                 "c2_violations": self.queue.c2_violations + self._c2_extra + max(0, lost),
                 "c3_violations": self.queue.c3_violations, **self.totals}
@@ -130,6 +144,13 @@ class RolloutController:
                 self._c2_extra += 1          # finished twice or never dispatched here
                 continue
             seen = self._uid_versions.pop(f.uid, None)
+            t0 = self._dispatched_at.get(r.group_id)
+            if t0 is not None and now - t0 > self._gen_max[-1]:
+                self._gen_max[-1] = now - t0
+            reason = self._dropped_groups.get(r.group_id)
+            if reason is not None:               # the rest of a dropped group: discard, account
+                self._count_dropped(reason, 1)
+                continue
             versions = f.token_versions if f.token_versions is not None else (
                 tuple(sorted(seen)) if seen else (r.version,))
             gv = self.queue.group_version.get(r.group_id, r.version)
@@ -153,7 +174,7 @@ class RolloutController:
         self.totals["rollout_only_s"] += waited
         self._trainer_idle_since = None
         self._taken[step] = {t.uid for t in batch}
-        self._batches[step] = (batch, waited)
+        self._batches[step] = (batch, waited, now)
         self._dispatch()                     # the room for new dispatches just grew
         return batch
 
@@ -169,7 +190,9 @@ class RolloutController:
             c2 += 1
         self._c2_extra += c2
         self._trained += len(consumed)
-        batch, waited = self._batches.pop(step, ([], 0.0))
+        for u in consumed:
+            self._forget_uid(u)
+        batch, waited, _ = self._batches.pop(step, ([], 0.0, now))
         stal = [step - t.version for t in batch] or [0]
         m = StepMetrics(
             step=step, policy_version=version_after, trajectories=len(batch),
@@ -182,12 +205,17 @@ class RolloutController:
             versions_live=len([v for v, n in self.manager.outstanding.items() if n]),
             migrated_requests=self._migrated, reprefill_tokens=self._reprefill, weight_loads=self._loads,
             idle_fraction={"rollout": self._idle_hits / self._idle_samples if self._idle_samples else 0.0,
-                           "trainer": waited / max(1e-9, now - self._last_step_end)})
+                           "trainer": waited / max(1e-9, now - self._last_step_end)},
+            dropped=self._dropped_interval)
         self.step_metrics.append(m)
         self._migrated = self._reprefill = self._loads = self._idle_samples = self._idle_hits = 0
+        self._dropped_interval = 0
         self._last_step_end = now
+        self._gen_max.append(0.0)
+        del self._gen_max[:-2 * self.cfg.max_staleness - 2]
         self._trainer_idle_since = now
         if self.cfg.multi_version:
+            self._adapt_urgent_batch()
             self._rebalance()                # trigger 1: after every training step
 
     def on_published(self, version: int) -> None:
@@ -205,6 +233,49 @@ class RolloutController:
                 if self.manager.load(name) == 0 and inst.version != version:
                     self._load(name, version)
         self._dispatch()
+
+    def on_dropped(self, uids: Sequence[str], reason: str) -> list[int]:
+        """Trajectories a filter dropped on the way to the trainer (DAPO dynamic sampling drops
+        whole groups whose rewards are all equal). The WHOLE group of each uid is dropped: its
+        finished members leave the TransferQueue now, members still generating are discarded
+        when they finish; none is ever trained. They are accounted under `dropped` (per reason)
+        in finish(), not as lost or C2 violations, and the freed room is refilled with new
+        prompts (streaming modes: R_sum and the staleness room grow; batch modes: the missing
+        trajectories are dispatched once the batch in flight is done), so every step still
+        trains exactly TBS.
+
+        Returns the steps whose batches were revoked: a batch handed out by take_batch() but
+        not yet trained that holds a dropped group goes back to the queue whole (every later
+        taken-untrained batch too). The driver must discard those batches and call
+        take_batch() again once trainer_ready(). So never name uids of a batch the trainer is
+        already training (a filter sits before the trainer). Unknown uids (never dispatched,
+        already trained) are counted in totals["dropped_unknown"]."""
+        now = self.clock.now()
+        revoked: list[int] = []
+        for u in uids:
+            gid = self._group_of.get(u)
+            if gid is None:
+                self.totals["dropped_unknown"] += 1
+                continue
+            if gid in self._dropped_groups:
+                continue
+            members = self._members[gid]
+            for step in sorted(self._taken, reverse=True):       # in a batch not yet trained: revoke
+                if not self._taken[step].isdisjoint(members):
+                    for s in sorted((s for s in self._taken if s >= step), reverse=True):
+                        self._revoke(s)
+                        revoked.append(s)
+                    break
+            self._dropped_groups[gid] = reason
+            self._dispatched_at.pop(gid, None)
+            pending = next((grp for grp in self._pending_retag if grp[0].group_id == gid), None)
+            if pending is not None:              # retagged, not resubmitted yet: never generated
+                self._pending_retag.remove(pending)
+            finished = self.queue.drop_group(gid) or []
+            self._count_dropped(reason, len(finished) + (len(pending) if pending else 0))
+            self.trace.instant("trainer", "filter", f"drop {gid}", now, reason=reason, trajectories=len(members))
+        self._dispatch()
+        return sorted(set(revoked))
 
     def tick(self) -> None:
         now = self.clock.now()
@@ -224,6 +295,41 @@ class RolloutController:
             self._dispatch()
 
     # -- internals ------------------------------------------------------------------------------
+    def _forget_uid(self, uid: str) -> None:
+        """A trained uid: its group is trained whole, so the group's entry goes too."""
+        gid = self._group_of.pop(uid, None)
+        if gid is not None:
+            self._members.pop(gid, None)
+            self._dispatched_at.pop(gid, None)
+
+    def _adapt_urgent_batch(self) -> None:
+        """Straggler spreading trades pool throughput for drain speed. Speed is what counts once
+        the long tail takes longer to generate than the staleness window lasts in wall time
+        (max dispatch -> finish time over the last 2K steps >= K x the trainer's step time, waits
+        excluded: they are what this avoids): then an urgent version is spread thin
+        (urgent_batch_tight); otherwise throughput counts more (urgent_batch)."""
+        cfg, k = self.cfg, max(1, self.cfg.max_staleness)
+        recent = self.step_metrics[-k:]
+        if len(recent) < k:
+            return
+        window = sum(m.step_time_s - m.rollout_only_s for m in recent)   # the trainer's own pace
+        tail = max(self._gen_max)          # over the last 2K steps: one short tail must not relax it
+        self.urgent_batch = cfg.urgent_batch_tight if tail >= window else cfg.urgent_batch
+
+    def _count_dropped(self, reason: str, n: int) -> None:
+        if n:
+            self.dropped[reason] += n
+            self._dropped_interval += n
+
+    def _revoke(self, step: int) -> None:
+        """A taken, untrained batch goes back to the queue (see on_dropped)."""
+        batch, waited, taken_at = self._batches.pop(step)
+        del self._taken[step]
+        self.queue.untake(batch, step)
+        self.totals["rollout_only_s"] -= waited
+        self._trainer_idle_since = taken_at - waited
+        self.trace.instant("trainer", "filter", f"revoke batch of step {step}", self.clock.now())
+
     def _pressure(self) -> bool:
         """Trigger 2. Utilisation: an instance holds more than (1 + queue_pressure) x its slots
         while another instance of its version has free slots (from our own counts, no RPC).
@@ -251,7 +357,7 @@ class RolloutController:
         self.totals["rebalances"] += 1
         t0 = self.clock.now()
         moves = self.orch.rebalance(self.newest, self._room() + sum(len(x) for x in self._pending_retag),
-                                    self.queue.next_step, self.cfg.max_staleness, self.cfg.urgent_batch,
+                                    self.queue.next_step, self.cfg.max_staleness, self.urgent_batch,
                                     self.cfg.urgent_slack_steps)
         self._place_pending_retag()
         if moves:
@@ -268,12 +374,16 @@ class RolloutController:
         if m.exhausted:
             return
         if cfg.batch_barrier:
-            if m.r_sum or self.queue.dispatch_room(self.newest) < cfg.train_batch:
+            # a whole batch once nothing is in flight; if filters dropped groups of the batch
+            # being built, only the replacements for them (DAPO-style dynamic sampling)
+            owed = -self.queue.untrained_total() % cfg.train_batch
+            n = owed or cfg.train_batch
+            if m.r_sum or self.queue.dispatch_room(self.newest) < n:
                 return
             for name, inst in m.instances.items():   # barrier: everyone is empty; all move to newest
                 if inst.version != self.newest:
                     self._load(name, self.newest)
-            self._send(self.newest, cfg.train_batch // g)
+            self._send(self.newest, n // g)
             return
         room = self._room()
         if room >= g:
@@ -285,8 +395,13 @@ class RolloutController:
               allowance: int | None = None) -> int:
         groups = self.manager.dispatch(version, n_groups, targets, allowance)
         for grp in groups:
-            self.queue.on_dispatched(grp[0].group_id, version, len(grp))
+            gid = grp[0].group_id
+            self.queue.on_dispatched(gid, version, len(grp))
             self._dispatched += len(grp)
+            self._members[gid] = [r.uid for r in grp]
+            self._dispatched_at[gid] = self.clock.now()
+            for r in grp:
+                self._group_of[r.uid] = gid
         return len(groups)
 
     def _legacy_fill(self) -> None:
@@ -299,10 +414,16 @@ class RolloutController:
             if v >= self.newest or v + cfg.max_staleness - self.queue.next_step < cfg.legacy_min_slack_steps:
                 continue
             idle = [n for n in m.hosts(v) if m.load(n) + g <= self.orch.slots_of(n)]
+            if cfg.legacy_kv_max < 1:       # free slots are not idle when the KV cache is the limit
+                idle = [n for n in idle if self._kv_room(n, cfg.legacy_kv_max)]
             slots = sum(self.orch.slots_of(n) - m.load(n) for n in idle)
             n = min(slots, self.queue.dispatch_room(v)) // g
             if n > 0:
                 self._send(v, n, idle, self._allowance)
+
+    def _kv_room(self, name: str, limit: float) -> bool:
+        st = self.manager.instances[name].stats()
+        return st.queued == 0 and st.kv_used_fraction < limit
 
     def _retag_unstarted(self, version: int) -> None:
         """Groups still waiting in an old version's queue have generated nothing: moving them to
@@ -323,9 +444,10 @@ class RolloutController:
                 by_group.setdefault(st.group_id, []).append(st)
             back, moved = [], []
             for gid, sts in by_group.items():
-                if (len(sts) == g and all(st.tokens_done == 0 for st in sts)
+                if (len(sts) == g and gid not in self._dropped_groups and all(st.tokens_done == 0 for st in sts)
                         and self.queue.dispatch_room(version) >= g):
                     self.queue.retag(gid, version)
+                    self._dispatched_at[gid] = self.clock.now()     # its staleness clock restarts
                     grp = [reqs[st.uid] for st in sts]
                     for r in grp:
                         r.version = version

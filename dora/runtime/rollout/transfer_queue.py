@@ -129,9 +129,59 @@ class TransferQueue:
         self.next_step += 1
         return out
 
+    # -- dropping (filters such as DAPO dynamic sampling) and revoking a taken batch ----------
+    def drop_group(self, group_id: str) -> list[Trajectory] | None:
+        """Remove a whole group that a filter dropped: its G trajectories leave the untrained
+        count (so the room for replacement prompts grows) and its finished members are returned
+        (members still generating are the caller's to discard when they finish). None if the
+        group is unknown here (never dispatched, or already taken)."""
+        v = self.group_version.pop(group_id, None)
+        if v is None:
+            return None
+        members = self.partial.pop(group_id, None)
+        if members is None:                        # complete: find it in its version's deque
+            dq = self.complete[v]
+            for i, (gid, ms) in enumerate(dq):
+                if gid == group_id:
+                    del dq[i]
+                    members = ms
+                    break
+            else:
+                raise RuntimeError(f"group {group_id} has a version but is neither partial nor complete")
+            self.complete_count[v] -= self.g
+            if not self.complete_count[v] and not dq:
+                del self.complete_count[v], self.complete[v]
+        self.untrained[v] -= self.g
+        if not self.untrained[v]:
+            del self.untrained[v]
+        return members
+
+    def untake(self, batch: list[Trajectory], step: int) -> None:
+        """Undo take() of the latest step (its batch was not trained): the groups go back,
+        ahead of anything of their version, and the counters take() moved are restored."""
+        if step != self.next_step - 1:
+            raise RuntimeError(f"untake(step {step}): only the latest taken step ({self.next_step - 1}) can be revoked")
+        self.next_step = step
+        groups: dict[str, list[Trajectory]] = {}
+        for t in batch:
+            groups.setdefault(t.group_id, []).append(t)
+            if step - t.version > self.k or step < t.version:
+                self.c3_violations -= 1
+            if len(t.versions) > 1:
+                self.c1_violations -= 1
+        for gid, members in reversed(list(groups.items())):
+            v = members[0].version
+            self.group_version[gid] = v
+            self.untrained[v] += len(members)
+            self.complete[v].appendleft((gid, members))
+            self.complete_count[v] += len(members)
+
     # -- state --------------------------------------------------------------------------------
     def versions_untrained(self) -> list[int]:
         return sorted(v for v, n in self.untrained.items() if n)
+
+    def untrained_total(self) -> int:
+        return sum(self.untrained.values())
 
     def waiting(self) -> int:
         return sum(self.complete_count.values()) + sum(len(m) for m in self.partial.values())
