@@ -226,7 +226,12 @@ class RLDriver:
             self._on_train_step(ev)
         elif kind == "filtered":
             self.filtered_uids += [str(u) for u in ev.get("uids", [])]
-            self._rc().on_dropped([str(u) for u in ev.get("uids", [])], reason="filtered")
+            revoked = self._rc().on_dropped([str(u) for u in ev.get("uids", [])], reason="filtered")
+            if revoked:
+                # The batch we were waiting to complete held a dropped group: it went back to the
+                # queue whole, and the next take builds one without it. (A batch already sent to
+                # the trainer cannot hold one: its rows all came through the filter.)
+                self.pending_batch = None
         elif kind == "reward_errors":
             self.reward_errors += len(ev.get("uids", []))
         elif kind == "done" and node == self.roles.update:
