@@ -177,6 +177,7 @@ class RLDriver:
         self.pending_batch: list[str] | None = None        # uids taken from the TransferQueue, not yet sent
         self.sent_batch: dict[str, Any] | None = None      # what the trainer is training on now
         self.steps_done = 0
+        self.batches_sent = 0
         self.finished_rows = 0
         self.events_seen: collections.Counter[str] = collections.Counter()
         self.filtered_uids: list[str] = []
@@ -296,8 +297,8 @@ class RLDriver:
         return out
 
     def _maybe_train(self) -> None:
-        if self.rc is None or self.sent_batch is not None or self._done:
-            return
+        if self.rc is None or self.sent_batch is not None or self._done or self.batches_sent >= self.total_steps:
+            return   # (after the last step nothing more is taken: the rest is accounted as untrained)
         if self.pending_batch is None and self.rc.trainer_ready():
             self.pending_batch = [t.uid for t in self.rc.take_batch()]
             self._wait_since = time.monotonic()
@@ -314,6 +315,7 @@ class RLDriver:
                            "tokens": sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows),
                            "response_tokens": [len(r["response_ids"]) for r in rows]}
         self.pending_batch = None
+        self.batches_sent += 1
         self.ctrl.send(self.roles.update, 0, "batch", batch, timeout=CALL_TIMEOUT_S)
 
     def _on_train_step(self, ev: dict[str, Any]) -> None:
