@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         ratio = f"{r['ratio_to_sync']:.2f}" if r["ratio_to_sync"] else "-"
         print(f"{r['mode']:<13} {r['tokens_per_s']:>9.0f} {ratio:>7} {r['reward_first3']:>13.3f} {r['final_reward']:>7.3f} "
               f"{r['final_reward_spread']:>7.3f} {r['rollout_only_fraction']:>9.2f} {r['staleness_max']:>5} "
-              f"{r['c1_violations']}/{r['c2_violations']}/{r['c3_violations']:>5} {r['migrated_requests']:>5}")
+              f"{str(r['c1_violations']) + '/' + str(r['c2_violations']) + '/' + str(r['c3_violations']):>9} "
+              f"{r['migrated_requests']:>5}")
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(rows, fh, indent=2)
