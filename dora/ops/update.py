@@ -18,6 +18,10 @@ first (then arrival order); anything left waits for the next step. Per step:
 4. checkpoint every save_every steps and at the last step; after `steps` steps,
    {"kind": "done", "step", "version"}; later input is counted and dropped.
 
+Every step also appends one line to <run_dir>/trained.jsonl: {"step", "version", "uids",
+"policy_versions"} (the version each trajectory was dispatched with), the trainer's own record
+of what it trained, so a run can be audited for lost, duplicated or too-stale trajectories.
+
 Version 0 (the initial weights) is published at setup, so every generate replica can start
 from the trainer's exact weights. The model comes from dora.ops.models.load_policy(ctx.model,
 ctx.device, seed=ctx.seed) unless a model_factory is given (tests, custom models).
@@ -25,7 +29,9 @@ ctx.device, seed=ctx.seed) unless a model_factory is given (tests, custom models
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 from typing import Any, Callable, Iterable
 
@@ -99,6 +105,8 @@ class UpdateOp(Operator):
         self.done = False
         self.dropped_rows = 0
         self.last_saved_step = -1
+        os.makedirs(ctx.run_dir, exist_ok=True)
+        self.ledger = open(os.path.join(ctx.run_dir, "trained.jsonl"), "w", encoding="utf-8")
         self._publish(seconds_train=None)
 
     # ------------------------------------------------------------------ data in
@@ -237,6 +245,9 @@ class UpdateOp(Operator):
             metrics["reward_mean"] = sum(cols["reward"]) / len(cols["reward"])
         self.step += 1
         self.version += 1
+        self.ledger.write(json.dumps({"step": self.step, "version": self.version, "uids": cols["uid"],
+                                      "policy_versions": cols["policy_version"]}) + "\n")
+        self.ledger.flush()   # before the step is announced: a reader that saw train_step finds its line
         self._publish(seconds_train)
         self.ctx.report({"kind": "train_step", "node": self.ctx.node, "step": self.step, "version": self.version,
                          "uids": cols["uid"], "metrics": metrics, "seconds": seconds_train})
@@ -254,6 +265,11 @@ class UpdateOp(Operator):
         weights.prune_versions(self.ctx.run_dir, self.keep_versions)
         self.ctx.report({"kind": "weights", "node": self.ctx.node, "version": self.version, "path": path,
                          "bytes": nbytes, "seconds": time.perf_counter() - t0})
+
+    def teardown(self) -> None:
+        ledger = getattr(self, "ledger", None)
+        if ledger is not None and not ledger.closed:
+            ledger.close()
 
     # ------------------------------------------------------------------ control
     def stats(self) -> dict:
