@@ -82,17 +82,17 @@ def test_ops(capsys):
     assert {p["name"] for p in ops[1]["params"]} >= {"temperature", "max_tokens"}
 
 
-def test_run_and_simulate_dispatch(monkeypatch, tmp_path, capsys):
-    # a stand-in package proves main() forwards the remaining argv and returns the callee's code
-    pkg = tmp_path / "fake"
-    (pkg / "dora" / "runtime").mkdir(parents=True)
-    (pkg / "dora" / "runtime" / "launch.py").write_text("def run_main(argv):\n    print('run', argv)\n    return 7\n")
-    import dora.runtime
+def test_run_and_simulate_dispatch(monkeypatch, capsys):
+    # main() forwards the remaining argv and returns the callee's code
+    import dora.runtime.launch
+    import dora.sim.cli
 
-    monkeypatch.setattr(dora.runtime, "__path__", [str(pkg / "dora" / "runtime")] + list(dora.runtime.__path__))
-    monkeypatch.delitem(sys.modules, "dora.runtime.launch", raising=False)
+    monkeypatch.setattr(dora.runtime.launch, "run_main", lambda argv: print("run", argv) or 7)
+    monkeypatch.setattr(dora.sim.cli, "simulate_main", lambda argv: print("simulate", argv) or 5)
     assert main(["run", "p.yaml", "--out", "x"]) == 7
     assert "run ['p.yaml', '--out', 'x']" in capsys.readouterr().out
+    assert main(["simulate", "--gpus", "64"]) == 5
+    assert "simulate ['--gpus', '64']" in capsys.readouterr().out
 
 
 def test_missing_subsystem_is_a_clear_failure(monkeypatch, capsys):
