@@ -26,14 +26,55 @@ def batch(n: int = 5, versions: bool = True) -> pa.RecordBatch:
 
 
 def test_roundtrip_header_and_body():
-    b = batch()
+    b = batch()  # small: one IPC record-batch message
     frames = wire.encode_batch(b, EDGE, 4, "a[0]")
     h = wire.decode_header(frames)
-    assert (h.kind, h.edge, h.seq, h.rows, h.sender, h.versions) == ("batch", EDGE, 4, 5, "a[0]", [1, 2, 3])
-    assert h.nbytes == len(frames[1]) + frames[2].size
-    # the two body frames are exactly an Arrow IPC stream (less the optional end marker)
-    assert pa.ipc.open_stream(bytes(frames[1]) + frames[2].to_pybytes()).read_all().to_batches()[0].equals(b)
-    assert wire.decode_body(h, [memoryview(frames[1]), memoryview(frames[2])]).equals(b)
+    assert (h.kind, h.edge, h.seq, h.rows, h.sender, h.versions, h.body) == ("batch", EDGE, 4, 5, "a[0]", [1, 2, 3], "ipc")
+    assert len(frames) == 2 and h.nbytes == frames[1].size
+    # the header's schema message + the body frame are exactly an Arrow IPC stream (less the end marker)
+    assert pa.ipc.open_stream(h.schema + frames[1].to_pybytes()).read_all().to_batches()[0].equals(b)
+    assert wire.decode_body(h, [memoryview(frames[1])]).equals(b)
+
+
+def nested_batch(n: int = 3000) -> pa.RecordBatch:
+    """Every type the pipelines send, with nulls, nesting and a struct."""
+    return pa.RecordBatch.from_pydict({
+        "uid": pa.array([f"u{i}" if i % 7 else None for i in range(n)]),
+        "group_id": pa.array(np.arange(n) // 4),
+        "reward": pa.array(np.linspace(0, 1, n, dtype=np.float32)),
+        "tokens": pa.array([list(range(i % 9)) if i % 5 else None for i in range(n)], pa.list_(pa.int32())),
+        "logprobs": pa.array([[-0.5] * (i % 4) for i in range(n)], pa.list_(pa.float32())),
+        "nested": pa.array([[["a", None], []]] * n, pa.list_(pa.list_(pa.large_string()))),
+        "meta": pa.array([{"k": i, "s": "x" * (i % 3)} for i in range(n)]),
+        "pair": pa.array([[i, -i] for i in range(n)], pa.list_(pa.int64(), 2)),
+        "flag": pa.array([i % 3 == 0 for i in range(n)]),
+        "none": pa.array([None] * n),
+        "policy_version": pa.array(np.arange(n) % 3),
+    })
+
+
+@pytest.mark.parametrize("make", [nested_batch, lambda: nested_batch().slice(101, 2000), lambda: nested_batch(70),
+                                  lambda: pa.RecordBatch.from_pydict({"x": pa.array(np.arange(200_000))})])
+def test_buffer_bodies_roundtrip_every_layout_without_copies(make, monkeypatch):
+    monkeypatch.setattr(wire, "IPC_BELOW", 0)  # force the buffer body even for small batches
+    b = make()
+    frames = wire.encode_batch(b, EDGE, 0, "a[0]")
+    h = wire.decode_header(frames)
+    assert h.body == "buffers" and len(frames) == 1 + sum(1 for s in h.bufs if s >= 0)
+    got = wire.decode_body(h, [memoryview(f) for f in frames[1:]])
+    assert got.equals(b) and got.schema.equals(b.schema, check_metadata=True)
+    if b.column(0).offset == 0:  # unsliced columns go out as the batch's own buffers
+        own = {buf.address for col in b.columns for buf in col.buffers() if buf is not None and buf.size}
+        assert {f.address for f in frames[1:] if isinstance(f, pa.Buffer) and f.size} <= own
+    else:  # a slice is compacted first: only its rows travel
+        assert h.nbytes < b.get_total_buffer_size() * 0.8
+
+
+def test_large_batches_default_to_buffer_bodies_and_small_ones_to_ipc():
+    assert wire.encode_body(pa.RecordBatch.from_pydict({"x": pa.array(np.arange(100_000))})).mode == "buffers"
+    assert wire.encode_body(batch()).mode == "ipc"
+    dict_batch = pa.RecordBatch.from_pydict({"x": pa.array(np.arange(100_000)), "d": pa.array(["a"] * 100_000).dictionary_encode()})
+    assert wire.encode_body(dict_batch).mode == "ipc"  # no buffer layout for dictionaries: IPC
 
 
 def other_schema_message() -> bytes:
@@ -45,23 +86,24 @@ def edit(h: bytes, **kw) -> bytes:
 
 
 @pytest.mark.parametrize("mutate, message", [
-    (lambda h, s, b: [h], "frame"),
-    (lambda h, s, b: [h, s, b[:-3]], "truncated"),
-    (lambda h, s, b: [h[:-2], s, b], "unreadable header"),
-    (lambda h, s, b: [msgpack.packb([1, 2]), s, b], "not a map"),
-    (lambda h, s, b: [edit(h, rows=9), s, b], "rows"),
-    (lambda h, s, b: [edit(h, schema_fp=1), s, b], "fingerprint"),
-    (lambda h, s, b: [edit(h, nbytes=len(other_schema_message()) + len(b)), other_schema_message(), b], "fingerprint"),
-    (lambda h, s, b: [edit(h, seq="1"), s, b], "'seq' is str"),
-    (lambda h, s, b: [edit(h, seq=True), s, b], "'seq' is bool"),
-    (lambda h, s, b: [edit(h, batch_id="x"), s, b], "batch_id"),
-    (lambda h, s, b: [edit(h, nbytes=1 << 40), s, b], "exceeds the limit"),
-    (lambda h, s, b: [edit(h, versions=[9]), s, b], "versions"),
-    (lambda h, s, b: [h, s, b"\x00" * len(b)], "corrupt Arrow body"),
+    (lambda h, b: [h], "frame"),
+    (lambda h, b: [h, b[:-3]], "truncated"),
+    (lambda h, b: [h[:-2], b], "unreadable header"),
+    (lambda h, b: [msgpack.packb([1, 2]), b], "not a map"),
+    (lambda h, b: [edit(h, rows=9), b], "rows"),
+    (lambda h, b: [edit(h, schema_fp=1), b], "fingerprint"),
+    (lambda h, b: [edit(h, schema=other_schema_message()), b], "fingerprint"),
+    (lambda h, b: [edit(h, schema=b"\xff" * 40), b], "corrupt Arrow body"),
+    (lambda h, b: [edit(h, seq="1"), b], "'seq' is str"),
+    (lambda h, b: [edit(h, seq=True), b], "'seq' is bool"),
+    (lambda h, b: [edit(h, batch_id="x"), b], "batch_id"),
+    (lambda h, b: [edit(h, nbytes=1 << 40), b], "exceeds the limit"),
+    (lambda h, b: [edit(h, versions=[9]), b], "versions"),
+    (lambda h, b: [h, b"\x00" * len(b)], "corrupt Arrow body"),
 ])
 def test_bad_messages_raise_wire_error_naming_edge_and_sender(mutate, message):
-    h_raw, s_raw, body = wire.encode_batch(batch(), EDGE, 0, "a[0]")
-    frames = mutate(h_raw, s_raw, body.to_pybytes())
+    h_raw, body = wire.encode_batch(batch(), EDGE, 0, "a[0]")
+    frames = mutate(h_raw, body.to_pybytes())
     with pytest.raises(WireError, match=message) as ei:
         h = wire.decode_header(frames)
         wire.decode_body(h, frames[1:])
@@ -146,16 +188,16 @@ def test_placement_plan_pools_devices_and_threads():
         plan(g)
 
 
-def test_pooled_send_buffers_are_not_reused_while_zmq_holds_them():
+def test_large_batches_cross_a_live_channel_intact():
     zctx = zmq.Context()
     ib = Inbox(zctx)
     ib.expect(EDGE, "in", ["a[0]"], 100, 1 << 40)
     out = OutEdge(zctx, EDGE, [ib.endpoint], "a[0]", capacity=100, capacity_bytes=1 << 40)
     sent = [pa.RecordBatch.from_pydict({"x": pa.array(np.full(200_000, i, dtype=np.int64))}) for i in range(12)]
-    for b in sent:  # 1.6 MB each: serialized into pooled buffers
+    sent.append(nested_batch())
+    for b in sent:  # 1.6 MB each: sent from Arrow's own buffers, zmq holding references
         out.put(b)
         assert out.flush()
-    assert out.pool.busy, "large batches should go through the send buffer pool"
     got = []
     import time
     deadline = time.monotonic() + 20
@@ -163,10 +205,70 @@ def test_pooled_send_buffers_are_not_reused_while_zmq_holds_them():
         d = ib.recv()
         if isinstance(d, Delivery):
             got.append(d.batch)
+        elif isinstance(d, WireError):
+            raise d
         elif d is None:
             ib.sock.poll(100)
-    assert [b.column("x")[0].as_py() for b in got] == list(range(12))
-    assert all(g.equals(s) for g, s in zip(got, sent))
+    assert [b.column(0)[0].as_py() for b in got[:12]] == list(range(12))
+    assert all(g.equals(s) for g, s in zip(got, sent)) and len(got) == len(sent)
     out.close()
     ib.close()
     zctx.term()
+
+
+def buffer_message(monkeypatch) -> tuple[dict, list[bytearray]]:
+    """A valid buffer-body message as (header dict, [buffer frames]) to mutate."""
+    monkeypatch.setattr(wire, "IPC_BELOW", 0)
+    frames = wire.encode_batch(nested_batch(200), EDGE, 0, "a[0]")
+    return msgpack.unpackb(frames[0]), [bytearray(memoryview(f)) for f in frames[1:]]
+
+
+def frame_index(h: dict, buf: int) -> int:
+    """Index (in the body frames) of the frame holding layout buffer `buf`."""
+    assert h["bufs"][buf] >= 0
+    return sum(1 for s in h["bufs"][:buf] if s >= 0)
+
+
+def set_ints(frame: bytearray, dtype, **at) -> None:
+    view = np.frombuffer(frame, dtype)
+    for i, v in at.items():
+        view[int(i[1:])] = v
+
+
+def shrink(h, body, buf, by):
+    body[frame_index(h, buf)] = body[frame_index(h, buf)][:-by]
+    h["bufs"][buf] -= by
+
+
+# layout of nested_batch: uid = node 0, buffers 0 validity, 1 offsets (int32), 2 data;
+# group_id = node 1, buffers 3 (absent validity), 4 data; reward = node 2, buffers 5, 6;
+# tokens = node 3 (list) buffers 7 validity, 8 offsets, child node 4 buffers 9, 10
+@pytest.mark.parametrize("mutate, message", [
+    (lambda h, f: f.__setitem__(2, f[2][:-8]), "layout says"),
+    (lambda h, f: shrink(h, f, 4, 8), "data buffer too small"),
+    (lambda h, f: set_ints(f[frame_index(h, 1)], np.int32, i5=10_000), "offsets"),
+    (lambda h, f: set_ints(f[frame_index(h, 1)], np.int32, i200=1 << 30), "offsets"),
+    (lambda h, f: set_ints(f[frame_index(h, 1)], np.int32, i0=-4), "offsets"),
+    (lambda h, f: set_ints(f[frame_index(h, 8)], np.int32, i200=1 << 20), "offsets"),
+    (lambda h, f: h["nodes"].__setitem__(1, h["nodes"][1] - 1), "nulls"),
+    (lambda h, f: h["nodes"].__setitem__(3, 5), "without a validity buffer"),
+    (lambda h, f: h["nodes"].__setitem__(0, 150), "layout"),
+    (lambda h, f: h["nodes"].__setitem__(0, 1 << 40), "layout"),
+    (lambda h, f: shrink(h, f, 0, 20), "validity buffer"),
+    (lambda h, f: h["nodes"].extend([1, 0]), "more array nodes"),
+    (lambda h, f: h["nodes"].__delitem__(slice(-4, None)), "fewer array nodes"),
+    (lambda h, f: h["nodes"].append(1), "layout malformed"),
+    (lambda h, f: h["bufs"].__setitem__(3, -7), "layout malformed"),
+    (lambda h, f: h["bufs"].__setitem__(3, 8), "frame"),
+    (lambda h, f: h.__setitem__("body", "ipc"), "unknown body format"),
+    (lambda h, f: h.__setitem__("nodes", [True, 0]), "list of ints"),
+    (lambda h, f: f.pop(), "frame"),
+])
+def test_bad_buffer_bodies_raise_wire_error_before_arrow_reads_them(mutate, message, monkeypatch):
+    h, body = buffer_message(monkeypatch)
+    mutate(h, body)
+    h["nbytes"] = sum(len(f) for f in body)  # the sizes agree: only the layout is wrong
+    frames = [msgpack.packb(h), *map(bytes, body)]
+    with pytest.raises(WireError, match=message) as ei:
+        wire.decode_body(wire.decode_header(frames), frames[1:])
+    assert ei.value.edge == EDGE and ei.value.sender == "a[0]"

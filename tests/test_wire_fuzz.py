@@ -18,10 +18,14 @@ N_FRAMES = 10_000
 EDGE = "src/out -> sink.in"
 
 
-def valid_message(seq: int = 0, sender: str = "controller") -> list[bytes]:
+def valid_message(seq: int = 0, sender: str = "controller", buffers: bool = False) -> list[bytes]:
+    """A valid message: an IPC body, or (buffers=True) the batch's Arrow buffers one per frame."""
     b = pa.RecordBatch.from_pydict({"uid": ["a", "b"], "group_id": pa.array([1, 2], pa.int64())})
-    h, schema, body = wire.encode_batch(b, EDGE, seq, sender)
-    return [h, bytes(schema), body.to_pybytes()]
+    below, wire.IPC_BELOW = wire.IPC_BELOW, 0 if buffers else wire.IPC_BELOW
+    try:
+        return [bytes(memoryview(f)) for f in wire.encode_batch(b, EDGE, seq, sender)]
+    finally:
+        wire.IPC_BELOW = below
 
 
 def mutate_header(rng: random.Random, frames: list[bytes]) -> list[bytes]:
@@ -38,6 +42,9 @@ def mutate_header(rng: random.Random, frames: list[bytes]) -> list[bytes]:
         h["nbytes"] = h["nbytes"] + rng.choice([-1, 1, 1 << 40])
     elif choice == 4:
         h[rng.choice(["rows", "schema_fp"])] += rng.randrange(1, 1000)
+    elif choice == 5 and h["body"] == "buffers":  # lie about a column length, a null count or a buffer size
+        key, i = rng.choice([("nodes", 0), ("nodes", 1), ("bufs", rng.randrange(len(h["bufs"])))])
+        h[key][i] += rng.choice([-1, 1, 7, 1 << 20])
     else:
         h["kind"] = rng.choice(["credit", "EOS", ""])
     return [msgpack.packb(h), *frames[1:]]
@@ -52,20 +59,21 @@ def fuzz_frames(rng: random.Random) -> list[bytes]:
         return valid_message(sender="mallory")
     if kind == 2:
         return valid_message(seq=rng.randrange(1, 1 << 30))          # replayed / skipped sequence
-    f = valid_message()
+    f = valid_message(buffers=rng.random() < 0.5)
     if kind == 3:
         return mutate_header(rng, f)
     if kind == 4:
-        i = rng.choice([1, 2])                                         # truncated schema or batch message
-        f[i] = f[i][: rng.randrange(0, len(f[i]))]
+        i = rng.randrange(1, len(f))                                   # truncated IPC message or buffer
+        f[i] = f[i][: rng.randrange(0, len(f[i]))] if f[i] else b"x"
         return f
     if kind == 5:
-        i = rng.choice([1, 2])                                         # garbage of the announced size
-        f[i] = rng.randbytes(len(f[i]))
-        return f
-    if kind == 6:                                                      # a different schema, same size
+        f[1] = rng.randbytes(len(f[1]))                                # garbage of the announced size
+        return f                                                       # (IPC message or uid's offsets)
+    if kind == 6:                                                      # another schema, or garbage
+        h = msgpack.unpackb(f[0])
         other = pa.schema([("uid", pa.string()), ("group_id", pa.float64())]).serialize().to_pybytes()
-        return [f[0], other[: len(f[1])].ljust(len(f[1]), b"\0"), f[2]]
+        h["schema"] = rng.choice([other, rng.randbytes(len(h["schema"])), h["schema"][:-8]])
+        return [msgpack.packb(h), *f[1:]]
     h = bytearray(f[0])
     for _ in range(rng.randrange(1, 4)):
         h[rng.randrange(len(h))] ^= 1 << rng.randrange(8)

@@ -70,8 +70,7 @@ class OutEdge:
         self.socks = [connect_dealer(ctx, ep) for ep in endpoints]
         n = len(self.socks)
         self.inflight_n, self.inflight_b, self.seq = [0] * n, [0] * n, [0] * n
-        self.queue: collections.deque[tuple[int, pa.RecordBatch, list, int, Any]] = collections.deque()
-        self.pool = wire.SendBufferPool(keep=capacity + 2)
+        self.queue: collections.deque[tuple[int, pa.RecordBatch, wire.Body]] = collections.deque()
         self.rr = 0
         self.closed = False
         self.stats = {"batches": 0, "rows": 0, "bytes": 0, "max_inflight_bytes": 0, "max_inflight_batches": 0}
@@ -95,26 +94,27 @@ class OutEdge:
             self._enqueue(-1, batch)
 
     def _enqueue(self, target: int, batch: pa.RecordBatch) -> None:
-        body, entry = wire.encode_body_pooled(batch, self.pool)
-        self.queue.append((target, batch, body, wire.body_size(body), entry))
+        self.queue.append((target, batch, wire.encode_body(batch)))
 
     def flush(self) -> bool:
         """Send queued batches while credits allow; True when the queue is empty."""
         while self.queue:
-            r, batch, body, size, entry = self.queue[0]
+            r, batch, body = self.queue[0]
+            size = body.nbytes
             n, b = sum(self.inflight_n), sum(self.inflight_b)
             if n >= self.capacity or (n > 0 and b + size > self.capacity_bytes):
                 return False
             if r < 0:
                 r = self._choose()
-            header, schema_msg, batch_msg = wire.encode_batch(batch, self.edge, self.seq[r], self.sender, body)
             sock = self.socks[r]
-            sock.send(header, zmq.SNDMORE)          # small frames: copying is cheaper than tracking
-            sock.send(schema_msg, zmq.SNDMORE)
-            if entry is None:
-                sock.send(batch_msg, copy=False)
-            else:  # a pooled buffer: learn when zmq is done with it
-                entry[1] = sock.send(batch_msg, copy=False, track=True)
+            sock.send(wire.encode_header(batch, body, self.edge, self.seq[r], self.sender), zmq.SNDMORE)
+            frames = body.frames
+            last = len(frames) - 1
+            for i, f in enumerate(frames):
+                # copy=False: zmq sends straight from Arrow's (immutable) buffers and keeps them
+                # referenced until sent; pyzmq copies frames under zmq.COPY_THRESHOLD itself,
+                # which is cheaper than tracking them
+                sock.send(f, zmq.SNDMORE if i < last else 0, copy=False)
             self.seq[r] += 1
             self.inflight_n[r] += 1
             self.inflight_b[r] += size
