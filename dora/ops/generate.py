@@ -11,12 +11,17 @@ Control methods (the rollout orchestrator drives these through the controller):
     import_(state, buffers)       resume states exported by a replica (KV reused at the same version)
     interrupt_all() -> states     export everything (partial rollout before a version switch)
     abort(uids) -> {"aborted": [...]}, stats() -> dict
+With `weight_sync: broadcast` a WeightReceiver (dora/ops/weight_broadcast.py, rank replica + 1)
+receives every version the trainer broadcasts into host memory; load_version then takes the
+version from memory (waiting up to BROADCAST_WAIT_S for it) and falls back to the file path
+otherwise. Torch engine only (vLLM loads files).
 Each poll that finishes requests reports {"kind": "finished", "uids": [...], "version": v} per
 dispatched version, so the orchestrator can track outstanding work.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, Iterable
 
@@ -25,9 +30,13 @@ import pyarrow as pa
 from dora.graph.columns import COLUMNS
 from dora.ops.base import Operator, OpContext
 from dora.ops.engines.base import Completion, Engine, Request, states_from_wire, states_to_wire
+from dora.ops.weight_broadcast import WeightReceiver
 
 OUTPUT_COLUMNS = ("response_ids", "response_text", "behavior_logprobs", "token_versions", "policy_version",
                   "finish_reason")
+# The trainer reports a version only after broadcasting it, so it is normally here at once;
+# past this wait the replica loads the version's file instead.
+BROADCAST_WAIT_S = 10.0
 
 
 class GenerateOp(Operator):
@@ -44,6 +53,18 @@ class GenerateOp(Operator):
         self.sampling = {k: p[k] for k in ("temperature", "top_p", "top_k", "max_tokens")}
         self.in_fields: dict[str, pa.Field] = {}   # pass-through columns seen so far, in order
         self.in_flight: set[str] = set()           # uids submitted or imported here, not yet finished or handed on
+        sync = p.get("weight_sync", "file")
+        if sync not in ("file", "broadcast"):
+            raise ValueError(f"{ctx.label}: unknown weight_sync {sync!r}; use 'file' or 'broadcast'")
+        if sync == "broadcast" and p.get("engine", "torch") != "torch":
+            raise ValueError(f"{ctx.label}: weight_sync: broadcast needs engine: torch (vllm loads weights from files)")
+        if sync == "broadcast" and not ctx.run_dir:
+            raise ValueError(f"{ctx.label}: weight_sync: broadcast needs a run_dir (the rendezvous file is there)")
+        self.receiver = None
+        if sync == "broadcast":
+            keep = int(ctx.async_cfg.get("max_staleness", 1)) + 2
+            self.receiver = WeightReceiver(ctx.run_dir, ctx.replica + 1, ctx.device, keep=keep, label=ctx.label)
+        self.loads_by_source = {"file": 0, "broadcast": 0}
 
     # ------------------------------------------------------------------ data
     def process(self, batch: pa.RecordBatch, port: str) -> Iterable[pa.RecordBatch]:
@@ -110,8 +131,15 @@ class GenerateOp(Operator):
     # ------------------------------------------------------------------ control
     def load_version(self, version: int, path: str) -> dict[str, Any]:
         t0 = time.perf_counter()
-        self.engine.load_weights(int(version), path)
-        return {"version": int(version), "seconds": time.perf_counter() - t0}
+        source, weights = "file", path
+        if self.receiver is not None:
+            try:
+                weights, source = self.receiver.get(int(version), BROADCAST_WAIT_S), "broadcast"
+            except (TimeoutError, RuntimeError) as e:   # not arrived, or the receiver failed: the file has it
+                print(f"{self.ctx.label}: loading version {version} from {path}: {e}", file=sys.stderr, flush=True)
+        self.engine.load_weights(int(version), weights)
+        self.loads_by_source[source] += 1
+        return {"version": int(version), "seconds": time.perf_counter() - t0, "source": source}
 
     def submit(self, buffers: list) -> dict[str, Any]:
         """Prompt rows as an Arrow IPC stream over the control channel. The orchestrator submits

@@ -22,6 +22,11 @@ Every step also appends one line to <run_dir>/trained.jsonl: {"step", "version",
 "policy_versions"} (the version each trajectory was dispatched with), the trainer's own record
 of what it trained, so a run can be audited for lost, duplicated or too-stale trajectories.
 
+With `weight_sync: broadcast` (and `broadcast_to` = the generate replica count) each version is
+also sent to the replicas by torch.distributed broadcast (dora/ops/weight_broadcast.py) right
+after its file is written; the weights event then carries broadcast_s and broadcast_bytes, and
+train_step metrics do too. The file is still written, so any version can be loaded from it.
+
 Version 0 (the initial weights) is published at setup, so every generate replica can start
 from the trainer's exact weights. The model comes from dora.ops.models.load_policy(ctx.model,
 ctx.device, seed=ctx.seed) unless a model_factory is given (tests, custom models).
@@ -45,12 +50,13 @@ from dora.ops import checkpoint, weights
 from dora.ops.base import OpContext, Operator
 from dora.ops.batching import collate, concat_rows, micro_batches, pad_lists, require_columns
 from dora.ops.logprobs import response_logprobs
+from dora.ops.weight_broadcast import WeightBroadcaster
 
 DEFAULTS: dict[str, Any] = {
     "loss": "ppo_clip", "lr": 1e-5, "weight_decay": 0.0, "warmup_steps": 0, "total_steps": 0, "min_lr_ratio": 0.1,
     "grad_clip": 1.0, "micro_batch_tokens": 4096, "clip_eps": 0.2, "clip_eps_high": None, "dual_clip": None,
     "agg": "token_mean", "tis_cap": 2.0, "kl_coef": 0.0, "kl_estimator": "k3", "entropy_coef": 0.0, "ppo_epochs": 1,
-    "steps": 20, "save_every": 0,
+    "steps": 20, "save_every": 0, "weight_sync": "file", "broadcast_to": 0,
 }
 NEEDS = ["uid", "prompt_ids", "response_ids", "behavior_logprobs", "advantages", "policy_version", "group_id"]
 OPTIONAL = ["reward", "ref_logprobs"]
@@ -107,6 +113,13 @@ class UpdateOp(Operator):
         self.last_saved_step = -1
         os.makedirs(ctx.run_dir, exist_ok=True)
         self.ledger = open(os.path.join(ctx.run_dir, "trained.jsonl"), "w", encoding="utf-8")
+        if p["weight_sync"] not in ("file", "broadcast"):
+            raise ValueError(f"{label}: unknown weight_sync {p['weight_sync']!r}; use 'file' or 'broadcast'")
+        self.broadcaster: WeightBroadcaster | None = None
+        self.last_broadcast: dict[str, float] = {}
+        if p["weight_sync"] == "broadcast":
+            # blocks until every generate replica joined (or raises after the rendezvous deadline)
+            self.broadcaster = WeightBroadcaster(ctx.run_dir, p["broadcast_to"], ctx.device, label=label)
         self._publish(seconds_train=None)
 
     # ------------------------------------------------------------------ data in
@@ -249,6 +262,7 @@ class UpdateOp(Operator):
                                       "policy_versions": cols["policy_version"]}) + "\n")
         self.ledger.flush()   # before the step is announced: a reader that saw train_step finds its line
         self._publish(seconds_train)
+        metrics.update(self.last_broadcast)
         self.ctx.report({"kind": "train_step", "node": self.ctx.node, "step": self.step, "version": self.version,
                          "uids": cols["uid"], "metrics": metrics, "seconds": seconds_train})
         save_every = int(p["save_every"])
@@ -263,10 +277,18 @@ class UpdateOp(Operator):
         t0 = time.perf_counter()
         path, nbytes = weights.save_version(self.model.state_dict(), self.ctx.run_dir, self.version)
         weights.prune_versions(self.ctx.run_dir, self.keep_versions)
-        self.ctx.report({"kind": "weights", "node": self.ctx.node, "version": self.version, "path": path,
-                         "bytes": nbytes, "seconds": time.perf_counter() - t0})
+        event = {"kind": "weights", "node": self.ctx.node, "version": self.version, "path": path,
+                 "bytes": nbytes, "seconds": time.perf_counter() - t0}
+        if self.broadcaster is not None:
+            seconds, sent = self.broadcaster.broadcast(self.version, self.model.state_dict())
+            self.last_broadcast = {"broadcast_s": seconds, "broadcast_bytes": sent}
+            event.update(self.last_broadcast)
+        self.ctx.report(event)
 
     def teardown(self) -> None:
+        broadcaster = getattr(self, "broadcaster", None)
+        if broadcaster is not None:
+            broadcaster.close()
         ledger = getattr(self, "ledger", None)
         if ledger is not None and not ledger.closed:
             ledger.close()

@@ -91,6 +91,17 @@ def _inherit_temperature(graph, specs, params) -> None:
             graph.nodes[n].params["temperature"] = params[n]["temperature"]
 
 
+def _fill_broadcast_world(graph, specs, params) -> None:
+    """`weight_sync: broadcast` on the trainer pushes each version to every generate replica: with
+    broadcast_to left at 0 the world is the generate node's replica count."""
+    gens = [n for n in graph.nodes if specs[n].name == "generate"]
+    for n in graph.nodes:
+        p = params[n]
+        if specs[n].name == "update" and p.get("weight_sync") == "broadcast" and not p.get("broadcast_to") and len(gens) == 1:
+            p["broadcast_to"] = graph.nodes[gens[0]].replicas
+            graph.nodes[n].params["broadcast_to"] = p["broadcast_to"]
+
+
 def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: bool = False,
             deadline_s: float = 3600.0, source: str | None = None, hb_timeout: float = 30.0) -> int:
     """Run a validated graph; returns the exit code. Shared by the CLI and benchmarks/modes.py."""
@@ -105,6 +116,7 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
     specs = {n: resolve_op(node.op) for n, node in graph.nodes.items()}
     params = {n: fill_params(specs[n], node.params) for n, node in graph.nodes.items()}
     _inherit_temperature(graph, specs, params)
+    _fill_broadcast_world(graph, specs, params)
     with open(os.path.join(run_dir, "pipeline.yaml"), "w", encoding="utf-8") as fh:
         fh.write(to_yaml(graph))   # exactly what ran, overrides applied
     roles = RLRoles.find(graph, lambda n: specs[n].name)
