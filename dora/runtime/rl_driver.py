@@ -174,6 +174,7 @@ class RLDriver:
         self.scored_schema: pa.Schema | None = None
         self.weight_paths: dict[int, str] = {}
         self.weight_loads = 0
+        self.weight_sync: dict[int, tuple] = {}            # version -> (seconds, bytes) of its hand-off
         self.pending_batch: list[str] | None = None        # uids taken from the TransferQueue, not yet sent
         self.sent_batch: dict[str, Any] | None = None      # what the trainer is training on now
         self.steps_done = 0
@@ -220,6 +221,7 @@ class RLDriver:
             self._rc().on_finished(f"{node}[{replica}]", done)
         elif kind == "weights":
             self.weight_paths[int(ev["version"])] = ev["path"]
+            self.weight_sync[int(ev["version"])] = (ev.get("seconds"), ev.get("bytes"))
             if int(ev["version"]) == 0:
                 return   # the trainer's starting weights: every replica already holds them
             self._rc().on_published(int(ev["version"]))
@@ -341,6 +343,8 @@ class RLDriver:
             "weight_loads": sm.get("weight_loads", 0), "response_len_max": lengths[-1],
             "response_len_median": lengths[len(lengths) // 2], "train_s": ev.get("seconds"),
             "wall_s": now,
+            "weight_sync_s": self.weight_sync.get(version, (None, None))[0],
+            "weight_sync_bytes": self.weight_sync.get(version, (None, None))[1],
         }
         for pool, frac in (sm.get("idle_fraction") or {}).items():
             rec[f"idle_fraction_{pool}"] = frac
