@@ -48,6 +48,15 @@ class OpContext:
         return f"{self.node}[{self.replica}]"
 
 
+@dataclasses.dataclass
+class WithBuffers:
+    """A control-method result with raw binary parts (e.g. KV tensors): `value` must be
+    msgpack-able and describe the buffers; the buffers travel as their own frames, never pickled."""
+
+    value: Any
+    buffers: list[Any]
+
+
 class Operator:
     """Base class: override what your op needs. Defaults make a pass-through-free no-op."""
 

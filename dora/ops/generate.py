@@ -28,7 +28,7 @@ from typing import Any, Iterable
 import pyarrow as pa
 
 from dora.graph.columns import COLUMNS
-from dora.ops.base import Operator, OpContext
+from dora.ops.base import Operator, OpContext, WithBuffers
 from dora.ops.engines.base import Completion, Engine, Request, states_from_wire, states_to_wire
 from dora.ops.weight_broadcast import WeightReceiver
 
@@ -185,7 +185,6 @@ class GenerateOp(Operator):
 
 def _with_buffers(value: dict[str, Any], frames: list[bytes]):
     # The worker sends WithBuffers results as msgpack + raw frames (KV tensors never pickled).
-    from dora.runtime.wire import WithBuffers
     return WithBuffers(value, frames)
 
 

@@ -42,6 +42,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+# A control-call result with raw binary parts lives beside the operator contract (ops return it
+# without depending on the runtime); re-exported here for the wire code and its callers.
+from dora.ops.base import WithBuffers  # noqa: F401
 from dora.runtime.errors import WireError
 
 VERSION = 2
@@ -482,13 +485,6 @@ def decode_control(frames: Sequence[Any]) -> tuple[dict[str, Any], list[memoryvi
     return d, [_bytes_of(f) for f in frames[1:]]
 
 
-@dataclasses.dataclass
-class WithBuffers:
-    """A control-call result (or argument) with raw binary parts, e.g. tensors; `value` must
-    be msgpack-able and describe the buffers (see tensor_meta)."""
-
-    value: Any
-    buffers: list[Any]
 
 
 def tensor_meta(t: Any) -> dict[str, Any]:
