@@ -164,3 +164,15 @@ def test_rloo(tmp_path):
     check_metrics(run, steps, tb)
     check_accounting(run, steps, tb)
     check_ledger(run, steps, tb, group_size=4, max_staleness=1)
+
+
+def test_finite_dataset_ends_the_run_with_a_reason(tmp_path):
+    # 8 prompts x G=4 = 32 trajectories, one epoch: two steps of 16 are all the data there is.
+    rc = dora_run(tmp_path, "quickstart.yaml", "nodes.prompts.params.epochs=1", "nodes.prompts.params.size=8",
+                  "async.train_batch=16", "async.rollout_batch=16", "nodes.train.params.steps=5", *SHORT,
+                  deadline=120)
+    run = RunDir(tmp_path)
+    assert rc == 0, run.describe()
+    assert run.summary["steps"] == 2
+    assert run.summary["stop_reason"] == "dataset exhausted after 2 of 5 steps"
+    assert run.accounting["dispatched"] == run.accounting["trained"] == 32 and run.accounting["lost"] == 0

@@ -150,6 +150,7 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
                                         seed=seed, wall_s=wall, run_dir=run_dir, ok=ok, error=error, source=source)
     if driver is not None:
         summary["accounting"] = driver.finish()
+        summary["stop_reason"] = driver.stop_reason
         for key in ("c1_violations", "c2_violations", "c3_violations"):
             summary[key] = max(summary.get(key, 0), summary["accounting"].get(key, 0))
         summary["weight_loads"] = driver.weight_loads

@@ -185,6 +185,8 @@ class RLDriver:
         self.reward_errors = 0
         self.accounting: dict[str, Any] = {}
         self._done = False
+        self.dataset_done = False      # the dataset sent end-of-stream: no more prompts will come
+        self.stop_reason = None
 
     # ------------------------------------------------------------ controller hooks
     def attach(self, ctrl) -> None:
@@ -241,15 +243,30 @@ class RLDriver:
             self._done = True
         self._maybe_train()
 
+    def on_eos(self, src_node: str, dst_node: str) -> None:
+        # The generate replicas must stay up (they finish what is in flight, and are driven by
+        # control calls), so the edge is not closed: the run ends through done().
+        if src_node == self.roles.dataset:
+            self.dataset_done = True
+
     def tick(self, now: float) -> None:
         if self.rc is None and not self._enough_prompts_to_start():
             return
-        self._rc().tick()
+        rc = self._rc()
+        rc.tick()
         self._maybe_train()
+        if (self.dataset_done and not self.prompt_groups and rc.manager.r_sum == 0 and self.pending_batch is None
+                and self.sent_batch is None and not rc.trainer_ready() and not self._done):
+            # Finite dataset used up: everything generated is trained or accounted as untrained.
+            self.stop_reason = f"dataset exhausted after {self.steps_done} of {self.total_steps} steps"
+            self.progress.status(self.stop_reason)
+            self._done = True
 
     def _enough_prompts_to_start(self) -> bool:
         # The first dispatch asks for a whole rollout batch; starting earlier would read a
         # momentarily short prompt buffer as an exhausted dataset.
+        if self.dataset_done:
+            return bool(self.prompt_groups)
         return len(self.prompt_groups) * self.cfg.group_size >= self.cfg.rollout_batch
 
     def done(self) -> bool:
@@ -287,7 +304,7 @@ class RLDriver:
             groups.setdefault(row["group_id"], []).append(
                 Request(uid=uid, group_id=str(row["group_id"]), version=0, prompt_tokens=len(row["prompt_ids"]), payload=row))
         self.prompt_groups.extend(groups.values())
-        if self.rc is not None:
+        if self.rc is not None and not self.dataset_done:
             # A short buffer earlier was prompts still in transit, not the end of the dataset.
             self.rc.manager.exhausted = False
             self.rc.tick()
