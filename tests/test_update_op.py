@@ -17,12 +17,7 @@ torch.set_num_threads(1)
 TINY = {"hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 64}
 
 
-@pytest.fixture(autouse=True)
-def _remove_shm_weights(tmp_path):
-    """Weight files may go to /dev/shm: remove this test's run folders there, pass or fail."""
-    yield
-    for run in [tmp_path, *tmp_path.iterdir()]:
-        weights.cleanup(str(run))
+pytestmark = pytest.mark.usefixtures("remove_shm_weights")
 PROMPT = [5, 6, 7, 8]
 GOOD = 40  # the rewarded token
 

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from dora.graph.columns import COLUMNS
-from dora.ops import weights
 from dora.ops.advantage import AdvantageOp
 from dora.ops.base import OpContext
 from dora.ops.filter import FilterOp
@@ -21,12 +20,7 @@ torch.set_num_threads(1)
 TINY = {"hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 64}
 
 
-@pytest.fixture(autouse=True)
-def _remove_shm_weights(tmp_path):
-    """Weight files may go to /dev/shm: remove this test's run folders there, pass or fail."""
-    yield
-    for run in [tmp_path, *tmp_path.iterdir()]:
-        weights.cleanup(str(run))
+pytestmark = pytest.mark.usefixtures("remove_shm_weights")
 HALF = 50
 G, PROMPTS, LEN = 8, 2, 6
 

@@ -179,8 +179,6 @@ class RLDriver:
         self.sent_batch: dict[str, Any] | None = None      # what the trainer is training on now
         self.steps_done = 0
         self.batches_sent = 0
-        self.finished_rows = 0
-        self.events_seen: collections.Counter[str] = collections.Counter()
         self.filtered_uids: list[str] = []
         self.reward_errors = 0
         self.accounting: dict[str, Any] = {}
@@ -213,13 +211,11 @@ class RLDriver:
 
     def on_event(self, node: str, replica: int, ev: dict[str, Any]) -> None:
         kind = ev.get("kind")
-        self.events_seen[kind] += 1
         if kind == "finished" and node == self.roles.generate:
             n = len(ev["uids"])
             done = [Finished(str(u), int(rt), tuple(tv) if tv else None)
                     for u, tv, rt in zip(ev["uids"], ev.get("token_versions") or [None] * n,
                                          ev.get("response_tokens") or [0] * n)]
-            self.finished_rows += len(done)
             self._rc().on_finished(f"{node}[{replica}]", done)
         elif kind == "weights":
             self.weight_paths[int(ev["version"])] = ev["path"]
@@ -320,7 +316,6 @@ class RLDriver:
             return   # (after the last step nothing more is taken: the rest is accounted as untrained)
         if self.pending_batch is None and self.rc.trainer_ready():
             self.pending_batch = [t.uid for t in self.rc.take_batch()]
-            self._wait_since = time.monotonic()
         if self.pending_batch is None:
             return
         # Trajectories are taken when they finish generating; their scored rows trail by the
