@@ -235,11 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--seconds", type=float, default=0.5, help="target time per measurement")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats per measurement; the best is kept")
+    ap.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",")], default=SIZES,
+                    help="comma-separated Arrow batch sizes in bytes (default: 1 KB, 64 KB, 1 MB, 16 MB)")
     a = ap.parse_args(argv)
     procs = {m: start(m) for m in ("raw", "dora")}
     rows = []
     try:
-        for size in SIZES:
+        for size in a.sizes:
             batch = make_batch(size)
             # raw zmq sends the batch's IPC stream (schema + record batch message), serialized once
             # outside the loop; GB/s for both sides counts these bytes (dora's buffer body is the

@@ -356,6 +356,7 @@ class Controller:
 
     def _loop(self) -> None:
         d = self.driver
+        sinks_done_at = 0.0
         while True:
             self._pump(20)
             self._check_health()
@@ -374,8 +375,14 @@ class Controller:
                     self.kept_events.append((node, r, ev))
             if d is not None and hasattr(d, "tick"):
                 d.tick(time.monotonic())
-            if self._sinks_done() or (d is not None and d.done()):
+            if d is not None and d.done():
                 return
+            if self._sinks_done():
+                # upstream replicas sent EOS before their "finished" report; wait briefly for those
+                # reports so every replica's final stats are in the result
+                sinks_done_at = sinks_done_at or time.monotonic()
+                if all(w.state == "finished" for w in self.workers.values()) or time.monotonic() - sinks_done_at > 5.0:
+                    return
             if time.monotonic() > self.t_deadline:
                 unfinished = sorted(w.label for w in self.workers.values() if w.state != "finished")
                 raise RunFailed(f"run exceeded its deadline of {self.deadline_s:.0f} s; unfinished replicas: {unfinished}")
