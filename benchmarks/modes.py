@@ -4,8 +4,9 @@
                                [--modes sync,one_step_off,partial,dora] [--seeds 0,1] [--steps N] [k=v ...]
 
 Every mode runs the same pipeline for the same steps and seeds. Per mode: tokens_per_s (mean
-over seeds), ratio_to_sync, final_reward (mean of the last 3 steps), reward_by_step (mean over
-seeds), reward spread over seeds, staleness and violations. Prints a table; writes --json.
+over seeds), ratio_to_sync, final_reward (mean of the last 3 steps), reward_last10 (mean of the last
+10 steps; both also per seed), reward_by_step (mean over seeds), reward spread over seeds,
+staleness and violations. Prints a table; writes --json.
 """
 
 from __future__ import annotations
@@ -59,10 +60,13 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run_one(a.pipeline, mode, seed, a.steps, a.overrides, out_root))
         tps = [r["tokens"] / r["wall_s"] for r in runs]   # end to end: every token over the whole run
         finals = [r.get("reward_last3") for r in runs]
+        # the mean of the last 10 steps: one 64-trajectory step's reward is noisy, 3 steps are not enough
+        last10 = [statistics.fmean(r["reward_by_step"][-10:]) if r.get("reward_by_step") else 0.0 for r in runs]
         by_step = [statistics.fmean(x) for x in zip(*[r.get("reward_by_step", []) for r in runs])]
         rows.append({
             "mode": mode, "seeds": seeds, "tokens_per_s": statistics.fmean(tps),
             "final_reward": statistics.fmean(finals), "final_reward_spread": (max(finals) - min(finals)) if len(finals) > 1 else 0.0,
+            "final_reward_by_seed": finals, "reward_last10": statistics.fmean(last10), "reward_last10_by_seed": last10,
             "reward_first3": statistics.fmean(r.get("reward_first3") for r in runs),
             "reward_by_step": by_step, "wall_s": statistics.fmean(r["wall_s"] for r in runs),
             "rollout_only_fraction": statistics.fmean(r.get("rollout_only_fraction") or 0.0 for r in runs),
@@ -75,12 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     base = next((r["tokens_per_s"] for r in rows if r["mode"] == "sync"), None)
     for r in rows:
         r["ratio_to_sync"] = r["tokens_per_s"] / base if base else None
-    print(f"\n{'mode':<13} {'tok/s':>9} {'x sync':>7} {'reward first3':>13} {'final':>7} {'spread':>7} "
+    print(f"\n{'mode':<13} {'tok/s':>9} {'x sync':>7} {'reward first3':>13} {'final':>7} {'spread':>7} {'last10':>7} {'last10 by seed':>24} "
           f"{'roll-only':>9} {'stale':>5} {'C1/C2/C3':>9} {'migr':>5}")
     for r in rows:
         ratio = f"{r['ratio_to_sync']:.2f}" if r["ratio_to_sync"] else "-"
         print(f"{r['mode']:<13} {r['tokens_per_s']:>9.0f} {ratio:>7} {r['reward_first3']:>13.3f} {r['final_reward']:>7.3f} "
-              f"{r['final_reward_spread']:>7.3f} {r['rollout_only_fraction']:>9.2f} {r['staleness_max']:>5} "
+              f"{r['final_reward_spread']:>7.3f} {r['reward_last10']:>7.3f} {' / '.join(f'{x:.2f}' for x in r['reward_last10_by_seed']):>24} {r['rollout_only_fraction']:>9.2f} {r['staleness_max']:>5} "
               f"{str(r['c1_violations']) + '/' + str(r['c2_violations']) + '/' + str(r['c3_violations']):>9} "
               f"{r['migrated_requests']:>5}")
     if a.json:

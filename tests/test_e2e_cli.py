@@ -48,6 +48,12 @@ def test_bad_override_exits_2():
     assert p.returncode == 2 and "warp" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
+def test_overrides_may_follow_options():
+    # `dora run p.yaml --dry-run k=v`: the override after an option still applies (a bad one is named)
+    p = _cli(str(PIPELINES / "quickstart.yaml"), "--dry-run", "async.mode=warp")
+    assert p.returncode == 2 and "warp" in p.stderr and "unrecognized" not in p.stderr, p.stderr
+
+
 def test_dry_run_prints_the_plan_and_exits_0(tmp_path):
     out = tmp_path / "run"
     p = _cli(str(PIPELINES / "grpo.yaml"), "--dry-run", "--out", str(out))

@@ -74,7 +74,7 @@ def test_large_batches_default_to_buffer_bodies_and_small_ones_to_ipc():
     assert wire.encode_body(pa.RecordBatch.from_pydict({"x": pa.array(np.arange(100_000))})).mode == "buffers"
     assert wire.encode_body(batch()).mode == "ipc"
     dict_batch = pa.RecordBatch.from_pydict({"x": pa.array(np.arange(100_000)), "d": pa.array(["a"] * 100_000).dictionary_encode()})
-    assert wire.encode_body(dict_batch).mode == "ipc"  # no buffer layout for dictionaries: IPC
+    assert wire.encode_body(dict_batch).mode == "stream"  # dictionaries travel in a whole IPC stream
 
 
 def other_schema_message() -> bytes:
@@ -188,32 +188,38 @@ def test_placement_plan_pools_devices_and_threads():
         plan(g)
 
 
-def test_large_batches_cross_a_live_channel_intact():
+def send_through_live_channel(sent: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
+    """Send batches over a real OutEdge -> Inbox pair (tcp) and return what arrived, in order."""
+    import time
     zctx = zmq.Context()
     ib = Inbox(zctx)
     ib.expect(EDGE, "in", ["a[0]"], 100, 1 << 40)
     out = OutEdge(zctx, EDGE, [ib.endpoint], "a[0]", capacity=100, capacity_bytes=1 << 40)
-    sent = [pa.RecordBatch.from_pydict({"x": pa.array(np.full(200_000, i, dtype=np.int64))}) for i in range(12)]
-    sent.append(nested_batch())
-    for b in sent:  # 1.6 MB each: sent from Arrow's own buffers, zmq holding references
+    for b in sent:
         out.put(b)
         assert out.flush()
     got = []
-    import time
     deadline = time.monotonic() + 20
     while len(got) < len(sent) and time.monotonic() < deadline:
         d = ib.recv()
+        if isinstance(d, WireError):
+            raise d
         if isinstance(d, Delivery):
             got.append(d.batch)
-        elif isinstance(d, WireError):
-            raise d
         elif d is None:
             ib.sock.poll(100)
-    assert [b.column(0)[0].as_py() for b in got[:12]] == list(range(12))
-    assert all(g.equals(s) for g, s in zip(got, sent)) and len(got) == len(sent)
     out.close()
     ib.close()
     zctx.term()
+    return got
+
+
+def test_large_batches_cross_a_live_channel_intact():
+    sent = [pa.RecordBatch.from_pydict({"x": pa.array(np.full(200_000, i, dtype=np.int64))}) for i in range(12)]
+    sent.append(nested_batch())
+    got = send_through_live_channel(sent)  # 1.6 MB each: sent from Arrow's own buffers, zmq holding references
+    assert [b.column(0)[0].as_py() for b in got[:12]] == list(range(12))
+    assert all(g.equals(s) for g, s in zip(got, sent)) and len(got) == len(sent)
 
 
 def buffer_message(monkeypatch) -> tuple[dict, list[bytearray]]:
@@ -272,3 +278,82 @@ def test_bad_buffer_bodies_raise_wire_error_before_arrow_reads_them(mutate, mess
     with pytest.raises(WireError, match=message) as ei:
         wire.decode_body(wire.decode_header(frames), frames[1:])
     assert ei.value.edge == EDGE and ei.value.sender == "a[0]"
+
+
+def flat_message(monkeypatch) -> tuple[dict, list[bytearray]]:
+    """A buffer-body message of fixed-width columns only (the decoder's flat fast path) to mutate.
+    Layout: x (int64, nulls) = node 0, buffers 0 validity, 1 data; y (float32, no nulls) = node 1,
+    buffers 2 (absent), 3 data; f (bool, nulls) = node 2, buffers 4, 5."""
+    monkeypatch.setattr(wire, "IPC_BELOW", 0)
+    n = 300
+    b = pa.RecordBatch.from_pydict({"x": pa.array([i if i % 5 else None for i in range(n)], pa.int64()),
+                                    "y": pa.array(np.linspace(0, 1, n, dtype=np.float32)),
+                                    "f": pa.array([None if i % 7 == 0 else i % 2 == 0 for i in range(n)])})
+    frames = wire.encode_batch(b, EDGE, 0, "a[0]")
+    h = msgpack.unpackb(frames[0])
+    assert h["bufs"][2] == -1 and len(h["nodes"]) == 6
+    got = wire.decode_body(wire.decode_header(frames), frames[1:])
+    assert got.equals(b)
+    return h, [bytearray(memoryview(f)) for f in frames[1:]]
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda h, f: f.__setitem__(1, f[1][:-8]), "layout says"),
+    (lambda h, f: shrink(h, f, 1, 8), "data buffer too small"),
+    (lambda h, f: shrink(h, f, 3, 4), "data buffer too small"),
+    (lambda h, f: shrink(h, f, 0, 30), "validity buffer"),
+    (lambda h, f: h["nodes"].__setitem__(1, h["nodes"][1] + 1), "nulls"),
+    (lambda h, f: h["nodes"].__setitem__(3, 2), "without a validity buffer"),
+    (lambda h, f: h["nodes"].__setitem__(1, 400), "exceeds length"),
+    (lambda h, f: h["nodes"].__setitem__(0, 299), "column lengths"),
+    (lambda h, f: h["nodes"].__setitem__(0, 1 << 40), "layout"),
+    (lambda h, f: h["nodes"].extend([1, 0]), "more array nodes"),
+    (lambda h, f: h["nodes"].__delitem__(slice(-2, None)), "fewer array nodes"),
+    (lambda h, f: (h["bufs"].append(-1)), "fewer array nodes|more array nodes"),
+])
+def test_bad_flat_buffer_bodies_raise_wire_error(mutate, message, monkeypatch):
+    h, body = flat_message(monkeypatch)
+    mutate(h, body)
+    h["nbytes"] = sum(len(f) for f in body)
+    frames = [msgpack.packb(h), *map(bytes, body)]
+    with pytest.raises(WireError, match=message) as ei:
+        wire.decode_body(wire.decode_header(frames), frames[1:])
+    assert ei.value.edge == EDGE and ei.value.sender == "a[0]"
+
+
+class _Uuid(pa.ExtensionType):
+    """A Python-defined extension type (not hashable: the wire's per-type cache must not need it)."""
+
+    def __init__(self):
+        super().__init__(pa.binary(16), "dora.test.uuid")
+
+    def __arrow_ext_serialize__(self):
+        return b""
+
+    @classmethod
+    def __arrow_ext_deserialize__(cls, storage_type, serialized):
+        return cls()
+
+
+@pytest.mark.parametrize("n", [10, 50_000])
+def test_extension_columns_travel_as_ipc(n):
+    pa.register_extension_type(_Uuid())
+    try:
+        ext = pa.ExtensionArray.from_storage(_Uuid(), pa.array([i.to_bytes(16, "little") for i in range(n)], pa.binary(16)))
+        b = pa.RecordBatch.from_arrays([ext, pa.array(np.arange(n))], ["id", "x"])
+        frames = wire.encode_batch(b, EDGE, 0, "a[0]")
+        h = wire.decode_header(frames)
+        got = wire.decode_body(h, frames[1:])
+        assert h.body == "ipc" and got.equals(b) and isinstance(got.schema.field("id").type, _Uuid)
+    finally:
+        pa.unregister_extension_type("dora.test.uuid")
+
+
+def test_a_buffer_body_without_frames_is_a_message_of_its_own(monkeypatch):
+    """Null columns have no buffers: their buffer body is the header alone, which must not be
+    sent with SNDMORE (the next message would be glued onto it)."""
+    monkeypatch.setattr(wire, "IPC_BELOW", 0)
+    sent = [pa.RecordBatch.from_pydict({"none": pa.array([None] * 7)}), batch()]
+    assert wire.encode_body(sent[0]).frames == []
+    got = send_through_live_channel(sent)
+    assert len(got) == 2 and all(g.equals(s) for g, s in zip(got, sent))

@@ -98,8 +98,9 @@ class OutEdge:
 
     def flush(self) -> bool:
         """Send queued batches while credits allow; True when the queue is empty."""
-        while self.queue:
-            r, batch, body = self.queue[0]
+        queue, st = self.queue, self.stats
+        while queue:
+            r, batch, body = queue[0]
             size = body.nbytes
             n, b = sum(self.inflight_n), sum(self.inflight_b)
             if n >= self.capacity or (n > 0 and b + size > self.capacity_bytes):
@@ -107,24 +108,26 @@ class OutEdge:
             if r < 0:
                 r = self._choose()
             sock = self.socks[r]
-            sock.send(wire.encode_header(batch, body, self.edge, self.seq[r], self.sender), zmq.SNDMORE)
-            frames = body.frames
-            last = len(frames) - 1
-            for i, f in enumerate(frames):
-                # copy=False: zmq sends straight from Arrow's (immutable) buffers and keeps them
-                # referenced until sent; pyzmq copies frames under zmq.COPY_THRESHOLD itself,
-                # which is cheaper than tracking them
-                sock.send(f, zmq.SNDMORE if i < last else 0, copy=False)
+            frames = body.frames  # (none at all for a buffer body of null columns only)
+            sock.send(wire.encode_header(batch, body, self.edge, self.seq[r], self.sender), zmq.SNDMORE if frames else 0)
+            # copy=False: zmq sends straight from Arrow's (immutable) buffers and keeps them
+            # referenced until sent; pyzmq copies frames under zmq.COPY_THRESHOLD itself,
+            # which is cheaper than tracking them
+            for f in frames[:-1]:
+                sock.send(f, zmq.SNDMORE, copy=False)
+            if frames:
+                sock.send(frames[-1], 0, copy=False)
             self.seq[r] += 1
             self.inflight_n[r] += 1
             self.inflight_b[r] += size
-            self.queue.popleft()
-            st = self.stats
+            queue.popleft()
             st["batches"] += 1
             st["rows"] += batch.num_rows
             st["bytes"] += size
-            st["max_inflight_bytes"] = max(st["max_inflight_bytes"], b + size)
-            st["max_inflight_batches"] = max(st["max_inflight_batches"], n + 1)
+            if b + size > st["max_inflight_bytes"]:
+                st["max_inflight_bytes"] = b + size
+            if n + 1 > st["max_inflight_batches"]:
+                st["max_inflight_batches"] = n + 1
         return True
 
     def _choose(self) -> int:

@@ -38,6 +38,7 @@ import zmq
 
 from dora.graph.model import Graph
 from dora.runtime import wire
+from dora.runtime.allocator import tune_malloc
 from dora.runtime.backends import Launch, get_backend
 from dora.runtime.channel import Delivery, Inbox, OutEdge, bind_router
 from dora.runtime.errors import CallError, RunFailed, WireError
@@ -180,6 +181,7 @@ class Controller:
             self.run_dir = tempfile.mkdtemp(prefix="dora-run-")
         os.makedirs(os.path.join(self.run_dir, "logs"), exist_ok=True)
         self.backend = get_backend(self.backend_name, **self.backend_options)
+        tune_malloc()                    # the controller receives managed edges' batches too
         self.zctx = zmq.Context()
         self.ctrl, self.ctrl_endpoint = bind_router(self.zctx, self.backend.host)
         self.inbox = Inbox(self.zctx, self.backend.host) if self.managed else None

@@ -42,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
 def run_main(argv: list[str] | None = None) -> int:
     p = _parser()
     try:
-        args = p.parse_args(argv)
+        # intermixed: overrides may come after options (`dora run p.yaml --out d k=v`)
+        args = p.parse_intermixed_args(argv)
     except SystemExit as e:
         return 0 if e.code == 0 else 2
     graph = load_graph(args.pipeline, args.overrides)

@@ -32,6 +32,7 @@ from typing import Any, Iterable
 import zmq
 
 from dora.runtime import wire
+from dora.runtime.allocator import tune_malloc
 from dora.runtime.channel import Delivery, Inbox, OutEdge
 from dora.runtime.errors import WireError
 
@@ -104,6 +105,7 @@ class Worker:
     def __init__(self, control: str, node: str, replica: int, host: str = "127.0.0.1", ipc_dir: str | None = None):
         self.node, self.replica, self.label, self.host = node, replica, label_of(node, replica), host
         self.ipc_dir = ipc_dir  # set: the inbox binds ipc://<ipc_dir>/<node>-<replica>.sock instead of tcp
+        tune_malloc()           # before any zmq buffer exists: received batches reuse freed memory
         self.zctx = zmq.Context()
         self.ctrl = self.zctx.socket(zmq.DEALER)
         self.ctrl.setsockopt(zmq.LINGER, 1000)
