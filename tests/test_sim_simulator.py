@@ -174,6 +174,25 @@ def test_imported_requests_resume_first_in_the_order_they_ran():
     assert list(a.queue) == ["m1", "m2", "m3", "queued"]
 
 
+def test_imports_that_wait_for_room_pay_the_host_reload_when_admitted():
+    """A migrated request that does not fit waits with its KV in host memory; admitting it later
+    stalls the instance for the host -> GPU copy (free parking would flatter migration)."""
+    clock, done = VirtualClock(), []
+    cost = CostModel(MODELS["qwen2.5-1.5b"])
+    a = SimInstance("a", cost, clock, lambda n, f: done.extend(f))
+    a.slots = 1
+    a.load_version(0)
+    kv = lambda tokens: tokens * cost.model.kv_bytes_per_token  # noqa: E731
+    states = [RequestState(u, "g", 0, 100, 400, True, kv(500), 450) for u in ("first", "waits")]
+    a.import_(states)
+    transfer = cost.kv_transfer_s(2 * kv(500))
+    assert a.kv_import_s == pytest.approx(transfer) and list(a.queue) == ["waits"]
+    while len(done) < 2:
+        assert clock.step()
+    assert [f.uid for f in done] == ["first", "waits"] and a.prefill_s == 0
+    assert a.kv_import_s == pytest.approx(transfer + cost.kv_reload_s(kv(500)))
+
+
 @pytest.mark.parametrize("mode", ["sync", "one_step_off", "partial", "dora"])
 def test_dropped_groups_are_replaced_in_the_simulator(mode):
     r = simulate(small(mode, steps=8, drop_groups=0.3))

@@ -43,6 +43,7 @@ class Hardware:
     hbm_bw: float = 3.35e12     # bytes/s per GPU
     hbm_bytes: float = 80e9
     p2p_bw: float = 50e9        # weights / KV between instances, bytes/s per link
+    host_bw: float = 25e9       # host <-> GPU (PCIe) for KV parked in host memory, bytes/s per instance
     mfu_prefill: float = 0.45
     mfu_decode: float = 0.50    # decode GEMMs at large batch
     mfu_train: float = 0.33     # fitted to the paper's sync step times (see CostModel)
@@ -91,6 +92,10 @@ class CostModel:
 
     def kv_transfer_s(self, kv_bytes: int) -> float:
         return kv_bytes / self.hw.p2p_bw + 0.002
+
+    def kv_reload_s(self, kv_bytes: int) -> float:
+        """Bring a request's KV parked in host memory back into the GPU cache."""
+        return kv_bytes / self.hw.host_bw + 0.001
 
     # -- training ---------------------------------------------------------------------------------
     def train_s(self, tokens: int, gpus: int) -> float:

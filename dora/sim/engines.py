@@ -10,6 +10,9 @@ admitted while used KV + its prompt stays under ADMIT_WATERMARK of capacity; KV 
 per running sequence per iteration (used = ctx_base + n * P, so the moment it fills is known in
 advance and is an event); when it is full the most recently admitted sequences are preempted
 (recompute: back to the queue front, re-prefilled when readmitted; counted in `preemptions`).
+Migrated requests (import_) that do not fit at once wait with their KV parked in host memory;
+admitting one later stalls decoding for the host -> GPU copy (`kv_reload_s`, counted in
+kv_import_s with the transfers).
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ PREEMPT_TO = 0.98          # when KV is full, preempt down to this fraction
 
 
 class _Seq:
-    __slots__ = ("uid", "group_id", "prompt", "target", "done0", "p0", "end", "versions", "has_kv")
+    __slots__ = ("uid", "group_id", "prompt", "target", "done0", "p0", "end", "versions", "has_kv", "in_host")
 
     def __init__(self, uid, group_id, prompt, target, done0, versions, has_kv):
         self.uid, self.group_id, self.prompt, self.target = uid, group_id, prompt, target
         self.done0, self.versions, self.has_kv = done0, versions, has_kv
+        self.in_host = False         # KV parked in host memory (an import that did not fit)
         self.p0 = self.end = 0.0
 
 
@@ -146,6 +150,11 @@ class SimInstance:
             if running and self.ctx_base + len(running) * self.P + need > limit:
                 break
             del q[s.uid]
+            if s.in_host:
+                cost = self.cost.kv_reload_s((s.prompt + s.done0) * self.cost.model.kv_bytes_per_token)
+                self._stall(cost)
+                self.kv_import_s += cost
+                s.in_host = False
             if not s.has_kv:
                 ctx = s.prompt + s.done0
                 cost = self.cost.prefill_s(ctx)
@@ -223,6 +232,9 @@ class SimInstance:
             self._stall(t)
             self.kv_import_s += t
         self._admit()
+        for s in self.queue.values():      # what did not fit waits with its KV in host memory
+            if s.has_kv:
+                s.in_host = True
         self._reschedule()
 
     def interrupt_all(self) -> list[RequestState]:
