@@ -157,11 +157,11 @@ class GenerateOp(Operator):
         # event is on the way): it is not exported, and the caller sees it missing from the states.
         held = [u for u in map(str, uids) if u in self.in_flight]
         self.in_flight.difference_update(held)
-        return _with_buffers(*states_to_wire(self.engine.export(held)))
+        return WithBuffers(*states_to_wire(self.engine.export(held)))   # KV as raw frames, never pickled
 
     def interrupt_all(self):
         self.in_flight.clear()
-        return _with_buffers(*states_to_wire(self.engine.interrupt_all()))
+        return WithBuffers(*states_to_wire(self.engine.interrupt_all()))
 
     def import_(self, state: dict[str, Any], buffers: list | None = None) -> dict[str, Any]:
         states = states_from_wire(state, list(buffers or []))
@@ -181,11 +181,6 @@ class GenerateOp(Operator):
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.close()
-
-
-def _with_buffers(value: dict[str, Any], frames: list[bytes]):
-    # The worker sends WithBuffers results as msgpack + raw frames (KV tensors never pickled).
-    return WithBuffers(value, frames)
 
 
 def stop_token_ids(stop: list[str], tokenizer, label: str) -> list[int]:

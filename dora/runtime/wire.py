@@ -658,8 +658,6 @@ def decode_control(frames: Sequence[Any]) -> tuple[dict[str, Any], list[memoryvi
     return d, [_bytes_of(f) for f in frames[1:]]
 
 
-
-
 def tensor_meta(t: Any) -> dict[str, Any]:
     """dtype/shape of a torch tensor or numpy array, to travel beside its raw bytes."""
     return {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape)}

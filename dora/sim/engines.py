@@ -232,8 +232,9 @@ class SimInstance:
             self._stall(t)
             self.kv_import_s += t
         self._admit()
-        for s in self.queue.values():      # what did not fit waits with its KV in host memory
-            if s.has_kv:
+        for st in states:                  # what did not fit waits with its KV in host memory
+            s = self.queue.get(st.uid)
+            if s is not None and s.has_kv:
                 s.in_host = True
         self._reschedule()
 
