@@ -1,7 +1,8 @@
 """Channel benchmark: dora's Arrow-over-zmq edge vs raw pyzmq vs memcpy, side by side.
 
 For each Arrow batch size (1 KB, 64 KB, 1 MB, 16 MB) one run measures, with the receiver in a
-separate process on the same DEALER -> ROUTER socket pair over tcp://127.0.0.1:
+separate process on the same DEALER -> ROUTER socket pair over tcp://127.0.0.1 (or, with
+--transport ipc, over an ipc:// socket: the local backend's default data transport):
   raw_zmq   the already-serialized IPC bytes sent as one frame with copy=False, no flow control,
             no checks
   dora      the real path: OutEdge.put (header + the batch's own Arrow buffers as copy=False
@@ -16,7 +17,7 @@ alone in one process (what dora itself costs, free of the other process's schedu
 Every measurement is repeated (--repeats, interleaving raw and dora) and the best kept, the
 same rule for both sides; latency percentiles pool all repeats.
 
-    python benchmarks/channel.py --json out.json [--seconds 0.5] [--repeats 3]
+    python benchmarks/channel.py --json out.json [--seconds 0.5] [--repeats 3] [--transport tcp|ipc]
 GB/s below are 1e9 bytes of Arrow body per second.
 """
 
@@ -27,6 +28,7 @@ import json
 import multiprocessing as mp
 import os
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -50,18 +52,25 @@ def make_batch(size: int) -> pa.RecordBatch:
                                        "reward": pa.array(np.ones(n, dtype=np.float32))})
 
 
-def serve(mode: str, conn) -> None:
+def _endpoint_args(transport: str, tag: str) -> dict:
+    """bind_router/Inbox arguments for a transport; ipc sockets live in a fresh temp dir."""
+    if transport == "tcp":
+        return {}
+    return {"transport": "ipc", "ipc_path": os.path.join(tempfile.mkdtemp(prefix="dora-bench-"), f"{tag}.sock")}
+
+
+def serve(mode: str, conn, transport: str = "tcp") -> None:
     """Receiver process: raw or dora; counts messages until told how many, then reports."""
     # both receivers get the allocator setting a dora worker makes (dora/runtime/allocator.py):
     # it saves the raw receiver page faults too, so the comparison stays like for like
     tune_malloc()
     zctx = zmq.Context()
     if mode == "dora":
-        ib = Inbox(zctx)
+        ib = Inbox(zctx, **_endpoint_args(transport, mode))
         ib.expect(EDGE, "in", [SENDER], 8, 256 << 20)
         sock, endpoint = ib.sock, ib.endpoint
     else:
-        sock, endpoint = bind_router(zctx)
+        sock, endpoint = bind_router(zctx, **_endpoint_args(transport, mode))
     conn.send(endpoint)
     while True:
         cmd = conn.recv()  # ("count", n) | ("quit",)
@@ -89,12 +98,13 @@ def serve(mode: str, conn) -> None:
             ib.flush_credits()
             ib.next_seq[(SENDER, EDGE)] = 0  # sequence numbers restart with a fresh producer
         conn.send("done")
+    sock.close(0)   # term() waits for every socket to close
     zctx.term()
 
 
-def start(mode: str):
+def start(mode: str, transport: str = "tcp"):
     parent, child = mp.get_context("spawn").Pipe()
-    p = mp.get_context("spawn").Process(target=serve, args=(mode, child), daemon=True)
+    p = mp.get_context("spawn").Process(target=serve, args=(mode, child, transport), daemon=True)
     p.start()
     if not parent.poll(60):
         raise TimeoutError("receiver did not start")
@@ -167,14 +177,14 @@ def bench_raw(endpoint: str, conn, body: pa.Buffer, n: int, lat_n: int) -> tuple
     return elapsed, lats
 
 
-def cpu_per_message(batch: pa.RecordBatch, body: pa.Buffer, n: int) -> dict[str, float]:
+def cpu_per_message(batch: pa.RecordBatch, body: pa.Buffer, n: int, transport: str = "tcp") -> dict[str, float]:
     """Microseconds of this process's time per message on each side, measured one side at a
     time in one process (no scheduling noise from the other side): what dora adds to raw zmq."""
     zctx = zmq.Context()
-    ib = Inbox(zctx)
+    ib = Inbox(zctx, **_endpoint_args(transport, "cpu-dora"))
     ib.expect(EDGE, "in", [SENDER], n, 1 << 50)
     out = OutEdge(zctx, EDGE, [ib.endpoint], SENDER, capacity=n + 1, capacity_bytes=1 << 50)
-    raw_rx, raw_ep = bind_router(zctx)
+    raw_rx, raw_ep = bind_router(zctx, **_endpoint_args(transport, "cpu-raw"))
     raw_tx = connect_dealer(zctx, raw_ep)
     res = {"dora_send_us": 0.0, "dora_recv_us": 0.0, "raw_send_us": 0.0, "raw_recv_us": 0.0}
     chunk = 8  # a few messages in flight at a time, as under credits (no gigabytes queued)
@@ -241,9 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats per measurement; the best is kept")
     ap.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",")], default=SIZES,
                     help="comma-separated Arrow batch sizes in bytes (default: 1 KB, 64 KB, 1 MB, 16 MB)")
+    ap.add_argument("--transport", choices=["tcp", "ipc"], default="tcp",
+                    help="both sides over tcp://127.0.0.1 (the default endpoints) or ipc:// (the local backend's "
+                         "transport=ipc option)")
     a = ap.parse_args(argv)
     tune_malloc()   # the senders and the one-process CPU measurement, both sides alike
-    procs = {m: start(m) for m in ("raw", "dora")}
+    procs = {m: start(m, a.transport) for m in ("raw", "dora")}
     rows = []
     try:
         for size in a.sizes:
@@ -269,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                 t, lats = bench_dora(dep, dconn, batch, n, lat_n)
                 dora_s, dora_l = min(dora_s, t), dora_l + lats
             rows.append({
-                "size_bytes": nbytes, "messages": n,
+                "size_bytes": nbytes, "messages": n, "transport": a.transport,
                 "dora_gbps": nbytes * n / dora_s / 1e9, "raw_zmq_gbps": nbytes * n / raw_s / 1e9,
                 "memcpy_gbps": max(memcpy_gbps(nbytes, a.seconds) for _ in range(a.repeats)),
                 "dora_msgs_per_s": n / dora_s, "raw_zmq_msgs_per_s": n / raw_s,
@@ -277,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                 "raw_p50_us": float(np.percentile(raw_l, 50) * 1e6), "raw_p99_us": float(np.percentile(raw_l, 99) * 1e6),
             })
             r = rows[-1]
-            cpu = [cpu_per_message(batch, body, max(10, min(3000, n // 4))) for _ in range(a.repeats)]
+            cpu = [cpu_per_message(batch, body, max(10, min(3000, n // 4)), a.transport) for _ in range(a.repeats)]
             r.update({k: min(c[k] for c in cpu) for k in cpu[0] if k != "added_cpu_us"})
             r["added_cpu_us"] = r["dora_send_us"] + r["dora_recv_us"] - r["raw_send_us"] - r["raw_recv_us"]
             r["dora_vs_raw"] = r["dora_gbps"] / r["raw_zmq_gbps"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import sys
 
 import pyarrow as pa
 import pytest
@@ -119,13 +120,36 @@ def test_driver_managed_edge_call_and_events(tmp_path):
     assert {res.stats[f"echo[{r}]"]["in"]["batches"] for r in range(2)} == {10}
 
 
-def test_exactly_once_over_ipc_sockets(tmp_path):
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_exactly_once_over_each_transport(tmp_path, transport):
     rows, g = 8_000, 4
     ctl = Controller(pipeline(rows, g, batch_rows=500), run_dir=str(tmp_path), deadline_s=60,
-                     backend_options={"transport": "ipc"})
+                     backend_options={"transport": transport})
     res = ctl.run()
-    assert all(ep.startswith("ipc://") for ep in (r.endpoint for r in res.plan.replicas))
+    want = "ipc://" if transport == "ipc" else "tcp://127.0.0.1:"
+    assert all(ep.startswith(want) for ep in (r.endpoint for r in res.plan.replicas))
     check_exactly_once(read_sink(str(tmp_path)), rows, g)
+
+
+def test_local_backend_defaults_to_ipc_and_obeys_DORA_TRANSPORT(monkeypatch):
+    from dora.runtime.backends.local import LocalBackend
+    monkeypatch.delenv("DORA_TRANSPORT", raising=False)
+    assert LocalBackend().transport == ("tcp" if sys.platform == "win32" else "ipc")
+    monkeypatch.setenv("DORA_TRANSPORT", "tcp")
+    assert LocalBackend().transport == "tcp"
+    monkeypatch.setenv("DORA_TRANSPORT", "udp")
+    with pytest.raises(ValueError, match="DORA_TRANSPORT"):
+        LocalBackend()
+
+
+def test_ipc_socket_paths_fit_a_unix_socket():
+    from dora.runtime.worker import IPC_PATH_MAX, ipc_socket_path
+    assert ipc_socket_path("/tmp/dora-ipc-x", "gen", 1) == "/tmp/dora-ipc-x/gen-1.sock"
+    long_node = "n" * 200
+    p1, p2 = ipc_socket_path("/tmp/dora-ipc-x", long_node, 0), ipc_socket_path("/tmp/dora-ipc-x", long_node, 1)
+    assert len(p1) <= IPC_PATH_MAX and p1 != p2
+    with pytest.raises(ValueError, match="DORA_TRANSPORT=tcp"):
+        ipc_socket_path("/" + "d" * 120, "gen", 0)
 
 
 class HoldDriver:

@@ -105,7 +105,7 @@ def format_plan(p: Plan) -> str:
     w = max((len(r.label) for r in p.replicas), default=4)
     for r in p.replicas:
         where = f"gpu {r.slot} (CUDA_VISIBLE_DEVICES={r.slot})" if r.kind == "gpu" else f"cpu slot {r.slot}, {r.threads} thread(s)"
-        ep = r.endpoint or "tcp://127.0.0.1:<random port at start>"
+        ep = r.endpoint or "<bound at start: ipc:// socket (local) or tcp://host:port>"
         lines.append(f"  {r.label:<{w}}  pool {r.pool:<10} {where:<38} device {r.device:<7} inbox {ep}")
     if p.edges:
         lines.append("edges:")

@@ -21,6 +21,7 @@ Run: python -m dora.runtime.worker --control tcp://127.0.0.1:PORT --node NAME --
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import os
 import sys
@@ -44,6 +45,20 @@ CONFIG_TIMEOUT_S = 120.0  # from hello to config: the controller may be starting
 
 def label_of(node: str, replica: int) -> str:
     return f"{node}[{replica}]"
+
+
+IPC_PATH_MAX = 100   # sun_path holds 104-108 bytes depending on the OS
+
+
+def ipc_socket_path(folder: str, node: str, replica: int) -> str:
+    """Where a replica's inbox socket lives; names too long for a Unix socket path become a hash."""
+    path = os.path.join(folder, f"{node}-{replica}.sock")
+    if len(path.encode()) > IPC_PATH_MAX:
+        path = os.path.join(folder, hashlib.sha1(f"{node}-{replica}".encode()).hexdigest()[:16] + ".sock")
+    if len(path.encode()) > IPC_PATH_MAX:
+        raise ValueError(f"ipc socket folder {folder!r} is too long for a Unix socket path "
+                         f"({IPC_PATH_MAX} bytes); set TMPDIR shorter or DORA_TRANSPORT=tcp")
+    return path
 
 
 def import_impl(path: str) -> type:
@@ -323,7 +338,7 @@ class Worker:
         hb.start()
         try:
             if self.ipc_dir:
-                self.inbox = Inbox(self.zctx, transport="ipc", ipc_path=os.path.join(self.ipc_dir, f"{self.node}-{self.replica}.sock"))
+                self.inbox = Inbox(self.zctx, transport="ipc", ipc_path=ipc_socket_path(self.ipc_dir, self.node, self.replica))
             else:
                 self.inbox = Inbox(self.zctx, self.host)
             try:

@@ -2,8 +2,10 @@
 
 Workers inherit this interpreter and sys.path (so user ops importable here import there too),
 log to run_dir/logs/<node>-<replica>.log, and die with their parent (PR_SET_PDEATHSIG).
-transport="ipc" binds each worker's inbox on an ipc:// socket in a private temp folder
-instead of a random tcp port on 127.0.0.1 (control stays on tcp).
+Data transport: by default each worker's inbox binds an ipc:// (Unix domain) socket in a private
+temp folder (mode 0700, removed at the end), because on one machine it moves large batches ~1.7x
+faster than tcp loopback (benchmarks/channel.py --transport; docs/benchmarks.md). transport="tcp"
+(or DORA_TRANSPORT=tcp) binds a random tcp port on 127.0.0.1 instead. Control stays on tcp.
 """
 
 from __future__ import annotations
@@ -28,12 +30,27 @@ def describe_exit(rc: int) -> str:
     return f"exited with code {rc}"
 
 
+def default_transport() -> str:
+    return "tcp" if sys.platform == "win32" else "ipc"   # libzmq has no ipc:// on Windows
+
+
+def ipc_folder() -> str:
+    """A private folder for the inbox sockets. Unix socket paths are limited to ~104 bytes, so a
+    long TMPDIR is passed over for /tmp (worker.ipc_socket_path shortens long node names)."""
+    base = tempfile.gettempdir()
+    if len(base) > 60 and os.path.isdir("/tmp"):
+        base = "/tmp"
+    return tempfile.mkdtemp(prefix="dora-ipc-", dir=base)   # mkdtemp: mode 0700
+
+
 class LocalBackend:
     name = "local"
 
-    def __init__(self, host: str = "127.0.0.1", transport: str = "tcp"):
+    def __init__(self, host: str = "127.0.0.1", transport: str | None = None):
+        transport = transport or os.environ.get("DORA_TRANSPORT") or default_transport()
         if transport not in ("tcp", "ipc"):
-            raise ValueError(f"local backend transport must be 'tcp' or 'ipc', got {transport!r}")
+            raise ValueError(f"local backend transport must be 'tcp' or 'ipc', got {transport!r} "
+                             "(the transport option or DORA_TRANSPORT)")
         self.host, self.transport = host, transport
         self.ipc_dir: str | None = None
         self.procs: dict[str, subprocess.Popen] = {}
@@ -43,7 +60,7 @@ class LocalBackend:
     def start(self, launches: list[Launch]) -> None:
         path = os.pathsep.join([p for p in sys.path if p and os.path.isdir(p)] + [os.getcwd()])
         if self.transport == "ipc" and self.ipc_dir is None:
-            self.ipc_dir = tempfile.mkdtemp(prefix="dora-ipc-")  # short: socket paths are limited to ~100 bytes
+            self.ipc_dir = ipc_folder()
         for ln in launches:
             env = {**os.environ, **ln.env, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
             out = open(ln.log_path, "ab") if ln.log_path else subprocess.DEVNULL
