@@ -1,8 +1,8 @@
 """Channel benchmark: dora's Arrow-over-zmq edge vs raw pyzmq vs memcpy, side by side.
 
 For each Arrow batch size (1 KB, 64 KB, 1 MB, 16 MB) one run measures, with the receiver in a
-separate process on the same DEALER -> ROUTER socket pair over tcp://127.0.0.1 (or, with
---transport ipc, over an ipc:// socket: the local backend's default data transport):
+separate process on the same DEALER -> ROUTER socket pair over an ipc:// socket (the local
+backend's default data transport; --transport tcp for tcp://127.0.0.1, the ray backend's):
   raw_zmq   the already-serialized IPC bytes sent as one frame with copy=False, no flow control,
             no checks
   dora      the real path: OutEdge.put (header + the batch's own Arrow buffers as copy=False
@@ -38,6 +38,7 @@ import zmq
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dora.runtime.allocator import tune_malloc  # noqa: E402
+from dora.runtime.backends.local import default_transport  # noqa: E402
 from dora.runtime.channel import Delivery, Inbox, OutEdge, bind_router, connect_dealer  # noqa: E402
 
 EDGE = "bench/out -> sink.in"
@@ -251,9 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats per measurement; the best is kept")
     ap.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",")], default=SIZES,
                     help="comma-separated Arrow batch sizes in bytes (default: 1 KB, 64 KB, 1 MB, 16 MB)")
-    ap.add_argument("--transport", choices=["tcp", "ipc"], default="tcp",
-                    help="both sides over tcp://127.0.0.1 (the default endpoints) or ipc:// (the local backend's "
-                         "transport=ipc option)")
+    ap.add_argument("--transport", choices=["tcp", "ipc"], default=default_transport(),
+                    help="both sides over ipc:// (default where available: the local backend's default data "
+                         "transport) or tcp://127.0.0.1 (the ray backend's, or DORA_TRANSPORT=tcp)")
     a = ap.parse_args(argv)
     tune_malloc()   # the senders and the one-process CPU measurement, both sides alike
     procs = {m: start(m, a.transport) for m in ("raw", "dora")}
@@ -303,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                 p.kill()
     hdr = f"{'size':>9} {'dora GB/s':>9} {'raw GB/s':>9} {'memcpy':>8} {'ratio':>6} {'dora msg/s':>11} {'raw msg/s':>11} " \
           f"{'p50 us':>8} {'p99 us':>8} {'raw p50':>8} {'added us/msg':>12} {'added cpu us':>12}"
+    print(f"transport: {a.transport} (both sides)")
     print(hdr)
     for r in rows:
         print(f"{r['size_bytes']:>9} {r['dora_gbps']:>9.3f} {r['raw_zmq_gbps']:>9.3f} {r['memcpy_gbps']:>8.2f} {r['dora_vs_raw']:>6.2f} "
