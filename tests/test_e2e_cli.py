@@ -63,6 +63,14 @@ def test_dry_run_prints_the_plan_and_exits_0(tmp_path):
     assert not out.exists(), "--dry-run must not start a run"
 
 
+def test_dry_run_names_each_inbox_endpoint_for_the_transport():
+    from dora.runtime.placement import endpoint_hint
+    assert endpoint_hint("ray", "train", 0) == "tcp://<node address>:<random port>"
+    p = _cli(str(PIPELINES / "quickstart.yaml"), "--dry-run")
+    want = "tcp://127.0.0.1:<random port>" if os.environ.get("DORA_TRANSPORT") == "tcp" else "/rollout-1.sock"
+    assert p.returncode == 0 and want in p.stdout, p.stdout
+
+
 def test_raising_user_reward_fails_the_run_naming_the_uid(tmp_path, capsys):
     rc = dora_run(tmp_path, "quickstart.yaml", "nodes.reward.params.fn=test_e2e_cli:raising_reward",
                   "nodes.reward.params.on_error=fail", "async.train_batch=16", "async.rollout_batch=16",

@@ -56,7 +56,7 @@ def run_main(argv: list[str] | None = None) -> int:
         print(f"dora run: {args.pipeline}: cannot place the graph: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
-        print(format_plan(plan))
+        print(format_plan(plan, args.backend))
         return 0
     seed = args.seed if args.seed is not None else int((graph.extra.get("run") or {}).get("seed", 0))
     run_dir = args.out or os.path.join("runs", f"{graph.name}-{time.strftime('%Y%m%d-%H%M%S')}")

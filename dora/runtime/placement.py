@@ -94,7 +94,17 @@ def plan(graph: Graph) -> Plan:
     return Plan(pools, out, edges)
 
 
-def format_plan(p: Plan) -> str:
+def endpoint_hint(backend: str, node: str, replica: int) -> str:
+    """What a replica's inbox will be, before it binds (ports and folders are chosen at start)."""
+    if backend == "local":
+        from dora.runtime.backends.local import LocalBackend
+        if LocalBackend().transport == "ipc":
+            return f"ipc://<run's socket folder>/{node}-{replica}.sock"
+        return "tcp://127.0.0.1:<random port>"
+    return "tcp://<node address>:<random port>"
+
+
+def format_plan(p: Plan, backend: str | None = None) -> str:
     """A readable table for `dora run --dry-run`."""
     lines = ["pools:"]
     for pool in p.pools.values():
@@ -105,7 +115,7 @@ def format_plan(p: Plan) -> str:
     w = max((len(r.label) for r in p.replicas), default=4)
     for r in p.replicas:
         where = f"gpu {r.slot} (CUDA_VISIBLE_DEVICES={r.slot})" if r.kind == "gpu" else f"cpu slot {r.slot}, {r.threads} thread(s)"
-        ep = r.endpoint or "<bound at start: ipc:// socket (local) or tcp://host:port>"
+        ep = r.endpoint or (endpoint_hint(backend, r.node, r.replica) if backend else "<bound at start>")
         lines.append(f"  {r.label:<{w}}  pool {r.pool:<10} {where:<38} device {r.device:<7} inbox {ep}")
     if p.edges:
         lines.append("edges:")
