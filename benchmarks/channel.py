@@ -39,12 +39,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dora.runtime.allocator import tune_malloc  # noqa: E402
 from dora.runtime.backends.local import default_transport  # noqa: E402
+from dora.graph.model import Edge  # noqa: E402
 from dora.runtime.channel import Delivery, Inbox, OutEdge, bind_router, connect_dealer  # noqa: E402
 
 EDGE = "bench/out -> sink.in"
 SENDER = "bench[0]"
 SIZES = [1 << 10, 64 << 10, 1 << 20, 16 << 20]
-CAPACITY = 8  # batches in flight per edge, as an edge declared without `capacity`
+CAPACITY = Edge.capacity              # batches in flight per edge, as an edge declared without `capacity`
+CAPACITY_BYTES = Edge.capacity_bytes  # and bytes
 
 
 def make_batch(size: int) -> pa.RecordBatch:
@@ -60,7 +62,7 @@ def _endpoint_args(transport: str, tag: str) -> dict:
     return {"transport": "ipc", "ipc_path": os.path.join(tempfile.mkdtemp(prefix="dora-bench-"), f"{tag}.sock")}
 
 
-def serve(mode: str, conn, transport: str = "tcp") -> None:
+def serve(mode: str, conn, transport: str = "tcp", capacity: tuple[int, int] = (CAPACITY, CAPACITY_BYTES)) -> None:
     """Receiver process: raw or dora; counts messages until told how many, then reports."""
     # both receivers get the allocator setting a dora worker makes (dora/runtime/allocator.py):
     # it saves the raw receiver page faults too, so the comparison stays like for like
@@ -68,7 +70,7 @@ def serve(mode: str, conn, transport: str = "tcp") -> None:
     zctx = zmq.Context()
     if mode == "dora":
         ib = Inbox(zctx, **_endpoint_args(transport, mode))
-        ib.expect(EDGE, "in", [SENDER], 8, 256 << 20)
+        ib.expect(EDGE, "in", [SENDER], *capacity)
         sock, endpoint = ib.sock, ib.endpoint
     else:
         sock, endpoint = bind_router(zctx, **_endpoint_args(transport, mode))
@@ -103,9 +105,9 @@ def serve(mode: str, conn, transport: str = "tcp") -> None:
     zctx.term()
 
 
-def start(mode: str, transport: str = "tcp"):
+def start(mode: str, transport: str = "tcp", capacity: tuple[int, int] = (CAPACITY, CAPACITY_BYTES)):
     parent, child = mp.get_context("spawn").Pipe()
-    p = mp.get_context("spawn").Process(target=serve, args=(mode, child, transport), daemon=True)
+    p = mp.get_context("spawn").Process(target=serve, args=(mode, child, transport, capacity), daemon=True)
     p.start()
     if not parent.poll(60):
         raise TimeoutError("receiver did not start")
@@ -122,9 +124,10 @@ def wait_credits(out: OutEdge, timeout: float = 10.0) -> None:
                 out.drain_credits(i)
 
 
-def bench_dora(endpoint: str, conn, batch: pa.RecordBatch, n: int, lat_n: int) -> tuple[float, list[float]]:
+def bench_dora(endpoint: str, conn, batch: pa.RecordBatch, n: int, lat_n: int,
+               capacity: tuple[int, int] = (CAPACITY, CAPACITY_BYTES)) -> tuple[float, list[float]]:
     zctx = zmq.Context()
-    out = OutEdge(zctx, EDGE, [endpoint], SENDER, capacity=CAPACITY, capacity_bytes=256 << 20)
+    out = OutEdge(zctx, EDGE, [endpoint], SENDER, capacity=capacity[0], capacity_bytes=capacity[1])
     conn.send(("count", n))
     t0 = time.perf_counter()
     for _ in range(n):
@@ -252,12 +255,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats per measurement; the best is kept")
     ap.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",")], default=SIZES,
                     help="comma-separated Arrow batch sizes in bytes (default: 1 KB, 64 KB, 1 MB, 16 MB)")
+    ap.add_argument("--capacity", type=int, default=CAPACITY,
+                    help="the edge's credit window in batches (default: an edge declared without one)")
+    ap.add_argument("--capacity-bytes", type=int, default=CAPACITY_BYTES,
+                    help="the edge's credit window in bytes (default: an edge declared without one)")
     ap.add_argument("--transport", choices=["tcp", "ipc"], default=default_transport(),
                     help="both sides over ipc:// (default where available: the local backend's default data "
                          "transport) or tcp://127.0.0.1 (the ray backend's, or DORA_TRANSPORT=tcp)")
     a = ap.parse_args(argv)
     tune_malloc()   # the senders and the one-process CPU measurement, both sides alike
-    procs = {m: start(m, a.transport) for m in ("raw", "dora")}
+    cap = (a.capacity, a.capacity_bytes)
+    procs = {m: start(m, a.transport, cap) for m in ("raw", "dora")}
     rows = []
     try:
         for size in a.sizes:
@@ -280,10 +288,11 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(a.repeats):
                 t, lats = bench_raw(rep, rconn, body, n, lat_n)
                 raw_s, raw_l = min(raw_s, t), raw_l + lats
-                t, lats = bench_dora(dep, dconn, batch, n, lat_n)
+                t, lats = bench_dora(dep, dconn, batch, n, lat_n, cap)
                 dora_s, dora_l = min(dora_s, t), dora_l + lats
             rows.append({
-                "size_bytes": nbytes, "messages": n, "transport": a.transport,
+                "size_bytes": nbytes, "messages": n, "transport": a.transport, "capacity": a.capacity,
+                "capacity_bytes": a.capacity_bytes,
                 "dora_gbps": nbytes * n / dora_s / 1e9, "raw_zmq_gbps": nbytes * n / raw_s / 1e9,
                 "memcpy_gbps": max(memcpy_gbps(nbytes, a.seconds) for _ in range(a.repeats)),
                 "dora_msgs_per_s": n / dora_s, "raw_zmq_msgs_per_s": n / raw_s,
@@ -304,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                 p.kill()
     hdr = f"{'size':>9} {'dora GB/s':>9} {'raw GB/s':>9} {'memcpy':>8} {'ratio':>6} {'dora msg/s':>11} {'raw msg/s':>11} " \
           f"{'p50 us':>8} {'p99 us':>8} {'raw p50':>8} {'added us/msg':>12} {'added cpu us':>12}"
-    print(f"transport: {a.transport} (both sides)")
+    print(f"transport: {a.transport} (both sides); dora's credit window: {a.capacity} batches / {a.capacity_bytes} bytes")
     print(hdr)
     for r in rows:
         print(f"{r['size_bytes']:>9} {r['dora_gbps']:>9.3f} {r['raw_zmq_gbps']:>9.3f} {r['memcpy_gbps']:>8.2f} {r['dora_vs_raw']:>6.2f} "

@@ -213,10 +213,17 @@ class Inbox:
     def recv(self) -> Delivery | WireError | tuple[str, str] | None:
         """One message if waiting: a Delivery, ("eos", edge) for an end-of-stream, a WireError
         for a rejected message (already counted), or None when nothing is waiting."""
+        recv = self.sock.recv
         try:
-            frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            f = recv(zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return None
+        frames = [f]
+        # the rest of the message is already here (zmq delivers multipart messages whole);
+        # Frame.more instead of recv_multipart's getsockopt(RCVMORE) per frame saves ~2 us a message
+        while f.more:
+            f = recv(zmq.NOBLOCK, copy=False)
+            frames.append(f)
         ident = frames[0].bytes
         try:
             return self._check(ident, frames[1:])
