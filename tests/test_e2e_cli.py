@@ -22,8 +22,8 @@ def raising_reward(text: str, answer: str, row: dict) -> float:
     raise ValueError(f"cannot score {text[:10]!r}")
 
 
-def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+def _cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, "-m", "dora.cli", "run", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=str(ROOT), env=env)
 
@@ -61,6 +61,13 @@ def test_dry_run_prints_the_plan_and_exits_0(tmp_path):
     for node in ("prompts", "rollout", "reference", "reward", "advantage", "train"):
         assert node in p.stdout, p.stdout
     assert not out.exists(), "--dry-run must not start a run"
+
+
+def test_a_bad_DORA_TRANSPORT_is_a_clear_error_with_exit_2(tmp_path):
+    out = tmp_path / "run"
+    p = _cli(str(PIPELINES / "quickstart.yaml"), "--out", str(out), env={"DORA_TRANSPORT": "udp"})
+    assert p.returncode == 2 and "DORA_TRANSPORT" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert not out.exists()
 
 
 def test_dry_run_names_each_inbox_endpoint_for_the_transport():

@@ -49,6 +49,13 @@ def run_main(argv: list[str] | None = None) -> int:
     graph = load_graph(args.pipeline, args.overrides)
     if graph is None:
         return 2
+    if args.backend == "local":
+        from dora.runtime.backends.local import LocalBackend
+        try:
+            LocalBackend()        # checks DORA_TRANSPORT before anything starts
+        except ValueError as e:
+            print(f"dora run: {e}", file=sys.stderr)
+            return 2
     from dora.runtime.placement import format_plan, plan as make_plan
     try:
         plan = make_plan(graph)
