@@ -24,9 +24,12 @@ GB/s below are 1e9 bytes of Arrow body per second.
 from __future__ import annotations
 
 import argparse
+import atexit
+import itertools
 import json
 import multiprocessing as mp
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -55,11 +58,18 @@ def make_batch(size: int) -> pa.RecordBatch:
                                        "reward": pa.array(np.ones(n, dtype=np.float32))})
 
 
+_ipc_dir: list[str] = []      # this process's socket folder, made on first use, removed at exit
+_ipc_names = itertools.count()  # every bind gets its own socket file
+
+
 def _endpoint_args(transport: str, tag: str) -> dict:
-    """bind_router/Inbox arguments for a transport; ipc sockets live in a fresh temp dir."""
+    """bind_router/Inbox arguments for a transport; ipc sockets live in one temp folder per process."""
     if transport == "tcp":
         return {}
-    return {"transport": "ipc", "ipc_path": os.path.join(tempfile.mkdtemp(prefix="dora-bench-"), f"{tag}.sock")}
+    if not _ipc_dir:
+        _ipc_dir.append(tempfile.mkdtemp(prefix="dora-bench-"))
+        atexit.register(shutil.rmtree, _ipc_dir[0], True)
+    return {"transport": "ipc", "ipc_path": os.path.join(_ipc_dir[0], f"{tag}-{next(_ipc_names)}.sock")}
 
 
 def serve(mode: str, conn, transport: str = "tcp", capacity: tuple[int, int] = (CAPACITY, CAPACITY_BYTES)) -> None:

@@ -50,9 +50,9 @@ def run_main(argv: list[str] | None = None) -> int:
     if graph is None:
         return 2
     if args.backend == "local":
-        from dora.runtime.backends.local import LocalBackend
+        from dora.runtime.backends.local import resolve_transport
         try:
-            LocalBackend()        # checks DORA_TRANSPORT before anything starts
+            resolve_transport()   # checks DORA_TRANSPORT before anything starts
         except ValueError as e:
             print(f"dora run: {e}", file=sys.stderr)
             return 2

@@ -97,8 +97,8 @@ def plan(graph: Graph) -> Plan:
 def endpoint_hint(backend: str, node: str, replica: int) -> str:
     """What a replica's inbox will be, before it binds (ports and folders are chosen at start)."""
     if backend == "local":
-        from dora.runtime.backends.local import LocalBackend
-        if LocalBackend().transport == "ipc":
+        from dora.runtime.backends.local import resolve_transport
+        if resolve_transport() == "ipc":
             return f"ipc://<run's socket folder>/{node}-{replica}.sock"
         return "tcp://127.0.0.1:<random port>"
     return "tcp://<node address>:<random port>"

@@ -34,6 +34,15 @@ def default_transport() -> str:
     return "tcp" if sys.platform == "win32" else "ipc"   # libzmq has no ipc:// on Windows
 
 
+def resolve_transport(transport: str | None = None) -> str:
+    """The data transport a local run uses: the option, else DORA_TRANSPORT, else the default."""
+    transport = transport or os.environ.get("DORA_TRANSPORT") or default_transport()
+    if transport not in ("tcp", "ipc"):
+        raise ValueError(f"local backend transport must be 'tcp' or 'ipc', got {transport!r} "
+                         "(the transport option or DORA_TRANSPORT)")
+    return transport
+
+
 def ipc_folder() -> str:
     """A private folder for the inbox sockets. Unix socket paths are limited to ~104 bytes, so a
     long TMPDIR is passed over for /tmp (worker.ipc_socket_path shortens long node names)."""
@@ -47,11 +56,7 @@ class LocalBackend:
     name = "local"
 
     def __init__(self, host: str = "127.0.0.1", transport: str | None = None):
-        transport = transport or os.environ.get("DORA_TRANSPORT") or default_transport()
-        if transport not in ("tcp", "ipc"):
-            raise ValueError(f"local backend transport must be 'tcp' or 'ipc', got {transport!r} "
-                             "(the transport option or DORA_TRANSPORT)")
-        self.host, self.transport = host, transport
+        self.host, self.transport = host, resolve_transport(transport)
         self.ipc_dir: str | None = None
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, str] = {}
