@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from dora.ops.engines.base import Request
+from dora.ops.engines.base import SamplingRequest
 from dora.ops.engines.torch_engine import TorchEngine
 
 
@@ -47,7 +47,7 @@ def run_ours(model, prompts: torch.Tensor, max_tokens: list[int]) -> tuple[float
     eng = TorchEngine(model, max_batch=len(prompts), seed=0, eos_ids=[])
     t0 = time.perf_counter()
     for i, p in enumerate(prompts.tolist()):
-        eng.submit(Request(f"r{i}", p, 0, max_tokens=max_tokens[i], temperature=1.0))
+        eng.submit(SamplingRequest(f"r{i}", p, 0, max_tokens=max_tokens[i], temperature=1.0))
     n = 0
     while eng.has_work():
         n += sum(len(c.response_ids) for c in eng.step())

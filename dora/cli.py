@@ -27,7 +27,7 @@ examples:
 # subcommands implemented elsewhere, imported only when used: name -> (module, function)
 DISPATCH = {
     "run": ("dora.runtime.launch", "run_main"),
-    "simulate": ("dora.sim.cli", "simulate_main"),
+    "simulate": ("dora.sim.simulate_cli", "simulate_main"),
 }
 
 

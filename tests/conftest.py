@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture
 def remove_shm_weights(tmp_path):
     """Weight files may go to /dev/shm: remove this test's run folders there, pass or fail."""
-    from dora.ops import weights
+    from dora.ops.weights import versions as weights
 
     yield
     for run in [tmp_path, *tmp_path.iterdir()]:

@@ -85,10 +85,10 @@ def test_ops(capsys):
 def test_run_and_simulate_dispatch(monkeypatch, capsys):
     # main() forwards the remaining argv and returns the callee's code
     import dora.runtime.launch
-    import dora.sim.cli
+    import dora.sim.simulate_cli
 
     monkeypatch.setattr(dora.runtime.launch, "run_main", lambda argv: print("run", argv) or 7)
-    monkeypatch.setattr(dora.sim.cli, "simulate_main", lambda argv: print("simulate", argv) or 5)
+    monkeypatch.setattr(dora.sim.simulate_cli, "simulate_main", lambda argv: print("simulate", argv) or 5)
     assert main(["run", "p.yaml", "--out", "x"]) == 7
     assert "run ['p.yaml', '--out', 'x']" in capsys.readouterr().out
     assert main(["simulate", "--gpus", "64"]) == 5

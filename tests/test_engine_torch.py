@@ -6,7 +6,7 @@ import msgpack
 import pytest
 import torch
 
-from dora.ops.engines.base import Request, state_from_wire, state_to_wire
+from dora.ops.engines.base import SamplingRequest, state_from_wire, state_to_wire
 from dora.ops.engines.torch_engine import TorchEngine
 from engine_helpers import drain, teacher_forced_logprobs, tiny_llama
 
@@ -28,7 +28,7 @@ def test_behaviour_logprobs_match_teacher_forcing(model):
     temps = {}
     for i, p in enumerate(_prompts(16)):
         temps[f"r{i}"] = [0.0, 0.7, 1.0, 1.3][i % 4]
-        eng.submit(Request(f"r{i}", p, 0, max_tokens=5 + 3 * i, temperature=temps[f"r{i}"],
+        eng.submit(SamplingRequest(f"r{i}", p, 0, max_tokens=5 + 3 * i, temperature=temps[f"r{i}"],
                            top_p=[1.0, 0.9, 0.5][i % 3], top_k=[0, 0, 7, 1][i % 4]))
     out = drain(eng)
     assert len(out) == 16
@@ -45,7 +45,7 @@ def test_continuous_batching_matches_each_request_alone(model):
     lengths = [3, 17, 5, 30, 2, 9, 25, 4, 11, 1, 20, 6]
     eng = TorchEngine(model, max_batch=4, seed=0, eos_ids=[])
     for i, p in enumerate(prompts):
-        eng.submit(Request(f"r{i}", p, 0, max_tokens=lengths[i], temperature=0.0))
+        eng.submit(SamplingRequest(f"r{i}", p, 0, max_tokens=lengths[i], temperature=0.0))
     seen_mixed = False
     out = {}
     while eng.has_work():
@@ -59,7 +59,7 @@ def test_continuous_batching_matches_each_request_alone(model):
     assert seen_mixed
     for i, p in enumerate(prompts):
         alone = TorchEngine(model, max_batch=1, eos_ids=[])
-        alone.submit(Request("x", p, 0, max_tokens=lengths[i], temperature=0.0))
+        alone.submit(SamplingRequest("x", p, 0, max_tokens=lengths[i], temperature=0.0))
         ref = drain(alone)["x"]
         assert out[f"r{i}"].response_ids == ref.response_ids
         assert len(ref.response_ids) == lengths[i] and out[f"r{i}"].finish_reason == "length"
@@ -69,20 +69,20 @@ def test_continuous_batching_matches_each_request_alone(model):
 def test_stop_ids_eos_and_top_k_one(model):
     eng = TorchEngine(model, max_batch=8, seed=0, eos_ids=[])
     p = _prompts(1, seed=2)[0]
-    eng.submit(Request("greedy", p, 0, max_tokens=12, temperature=0.0))
+    eng.submit(SamplingRequest("greedy", p, 0, max_tokens=12, temperature=0.0))
     greedy = drain(eng)["greedy"].response_ids
     # top_k=1 at any temperature is greedy
-    eng.submit(Request("k1", p, 0, max_tokens=12, temperature=1.5, top_k=1))
+    eng.submit(SamplingRequest("k1", p, 0, max_tokens=12, temperature=1.5, top_k=1))
     assert drain(eng)["k1"].response_ids == greedy
     # stopping on the 4th greedy token: the stop token is included, finish_reason stop
     stop = greedy[3]
     first = greedy.index(stop)
-    eng.submit(Request("s", p, 0, max_tokens=12, temperature=0.0, stop_ids=[stop]))
+    eng.submit(SamplingRequest("s", p, 0, max_tokens=12, temperature=0.0, stop_ids=[stop]))
     c = drain(eng)["s"]
     assert c.response_ids == greedy[:first + 1] and c.finish_reason == "stop"
     # the model's EOS always stops
     eos_eng = TorchEngine(model, max_batch=2, eos_ids=[stop])
-    eos_eng.submit(Request("e", p, 0, max_tokens=12, temperature=0.0))
+    eos_eng.submit(SamplingRequest("e", p, 0, max_tokens=12, temperature=0.0))
     assert drain(eos_eng)["e"].finish_reason == "stop"
 
 
@@ -91,7 +91,7 @@ def test_seeded_sampling_is_deterministic(model):
     for _ in range(2):
         eng = TorchEngine(model, max_batch=8, seed=42)
         for i, p in enumerate(_prompts(8, seed=5)):
-            eng.submit(Request(f"r{i}", p, 0, max_tokens=10, temperature=1.0, top_p=0.9))
+            eng.submit(SamplingRequest(f"r{i}", p, 0, max_tokens=10, temperature=1.0, top_p=0.9))
         runs.append({u: c.response_ids for u, c in drain(eng).items()})
     assert runs[0] == runs[1]
 
@@ -110,12 +110,12 @@ def test_migration_continues_identically(model, with_kv):
     prompts = _prompts(6, seed=7)
     ref_eng = TorchEngine(model, max_batch=8, eos_ids=[])
     for i, p in enumerate(prompts):
-        ref_eng.submit(Request(f"r{i}", p, 0, max_tokens=20, temperature=0.0))
+        ref_eng.submit(SamplingRequest(f"r{i}", p, 0, max_tokens=20, temperature=0.0))
     ref = drain(ref_eng)
 
     a, b = TorchEngine(model, max_batch=8, eos_ids=[]), TorchEngine(model, max_batch=8, eos_ids=[])
     for i, p in enumerate(prompts):
-        a.submit(Request(f"r{i}", p, 0, max_tokens=20, temperature=0.0))
+        a.submit(SamplingRequest(f"r{i}", p, 0, max_tokens=20, temperature=0.0))
     for _ in range(7):
         assert not a.step()
     states = _wire_roundtrip(a.export(["r1", "r4", "r5"]))
@@ -125,7 +125,7 @@ def test_migration_continues_identically(model, with_kv):
     else:
         states = [type(s)(s.request, s.response_ids, s.logprobs, s.token_versions) for s in states]
     b.import_(states)
-    b.submit(Request("r6", prompts[0], 0, max_tokens=20, temperature=0.0))   # a fresh one joins in the same step
+    b.submit(SamplingRequest("r6", prompts[0], 0, max_tokens=20, temperature=0.0))   # a fresh one joins in the same step
     out = {**drain(a), **drain(b)}
     assert out.pop("r6").response_ids == ref["r0"].response_ids
     assert set(out) == set(ref)
@@ -143,7 +143,7 @@ def test_interrupt_load_new_version_and_resume(model, tmp_path):
     path = str(tmp_path / "v1.safetensors")
     save_file({k: v.contiguous() for k, v in new_model.state_dict().items()}, path)
     for i, p in enumerate(_prompts(3, seed=11)):
-        eng.submit(Request(f"r{i}", p, 0, max_tokens=10, temperature=0.0))
+        eng.submit(SamplingRequest(f"r{i}", p, 0, max_tokens=10, temperature=0.0))
     for _ in range(4):
         eng.step()
     with pytest.raises(RuntimeError, match="interrupt_all"):
@@ -169,9 +169,9 @@ def test_interrupt_load_new_version_and_resume(model, tmp_path):
 
 def test_abort_and_bad_input(model):
     eng = TorchEngine(model, max_batch=2)
-    eng.submit(Request("a", [5, 6], 0, max_tokens=50, temperature=0.0))
-    eng.submit(Request("b", [5, 6], 0, max_tokens=50, temperature=0.0))
-    eng.submit(Request("c", [5, 6], 0, max_tokens=50, temperature=0.0))
+    eng.submit(SamplingRequest("a", [5, 6], 0, max_tokens=50, temperature=0.0))
+    eng.submit(SamplingRequest("b", [5, 6], 0, max_tokens=50, temperature=0.0))
+    eng.submit(SamplingRequest("c", [5, 6], 0, max_tokens=50, temperature=0.0))
     eng.step()
     assert eng.stats().active == 2 and eng.stats().queued == 1
     assert eng.abort("a").finish_reason == "abort"
@@ -179,11 +179,11 @@ def test_abort_and_bad_input(model):
     assert eng.abort("zzz") is None
     assert eng.stats().active == 1 and eng.stats().queued == 0
     with pytest.raises(ValueError, match="already in flight"):
-        eng.submit(Request("b", [1], 0))
+        eng.submit(SamplingRequest("b", [1], 0))
     with pytest.raises(ValueError, match="empty prompt_ids"):
-        eng.submit(Request("d", [], 0))
+        eng.submit(SamplingRequest("d", [], 0))
     with pytest.raises(ValueError, match="max_seq_len"):
-        eng.submit(Request("e", [3] * 600, 0))
+        eng.submit(SamplingRequest("e", [3] * 600, 0))
     with pytest.raises(KeyError, match="zzz"):
         eng.export(["zzz"])
     with pytest.raises(ValueError, match="does not fit"):
@@ -193,7 +193,7 @@ def test_abort_and_bad_input(model):
 
 def test_wire_rejects_bad_frames(model):
     eng = TorchEngine(model, max_batch=2)
-    eng.submit(Request("a", [5, 6, 7], 0, max_tokens=5))
+    eng.submit(SamplingRequest("a", [5, 6, 7], 0, max_tokens=5))
     eng.step()
     d, frames = state_to_wire(eng.export(["a"])[0])
     with pytest.raises(ValueError, match="frames"):
@@ -215,7 +215,7 @@ def test_qwen2_model_and_stats():
                                      intermediate_size=128, vocab_size=64, max_position_embeddings=256)).float().eval()
     eng = TorchEngine(m, max_batch=4, seed=1)
     for i, p in enumerate(_prompts(5, seed=3)):
-        eng.submit(Request(f"q{i}", p, 0, max_tokens=8, temperature=0.8))
+        eng.submit(SamplingRequest(f"q{i}", p, 0, max_tokens=8, temperature=0.8))
     eng.step()
     s = eng.stats()
     assert (s.active, s.queued, s.kv_tokens_capacity) == (4, 1, 4 * 256)
@@ -235,7 +235,7 @@ def test_random_interleavings_of_submit_abort_export_import(model):
     lengths = [rnd.randint(1, 16) for _ in prompts]
     solo = TorchEngine(model, max_batch=24, eos_ids=[])
     for i, p in enumerate(prompts):
-        solo.submit(Request(f"r{i}", p, 0, max_tokens=lengths[i], temperature=0.0))
+        solo.submit(SamplingRequest(f"r{i}", p, 0, max_tokens=lengths[i], temperature=0.0))
     ref = drain(solo)
     engines = [TorchEngine(model, max_batch=5, eos_ids=[]), TorchEngine(model, max_batch=3, eos_ids=[])]
     pending, out, aborted = list(range(24)), {}, set()
@@ -246,7 +246,7 @@ def test_random_interleavings_of_submit_abort_export_import(model):
         e = rnd.choice(engines)
         if act < 0.3 and pending:
             i = pending.pop(0)
-            e.submit(Request(f"r{i}", prompts[i], 0, max_tokens=lengths[i], temperature=0.0))
+            e.submit(SamplingRequest(f"r{i}", prompts[i], 0, max_tokens=lengths[i], temperature=0.0))
         elif act < 0.4 and e.running:
             uids = [s.req.uid for s in rnd.sample(e.running, k=min(2, len(e.running)))]
             other = engines[1 - engines.index(e)]

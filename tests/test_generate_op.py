@@ -81,7 +81,7 @@ def _through_msgpack(result: WithBuffers) -> tuple[dict, list]:
 
 
 def test_export_import_between_replicas_then_load_version(tmp_path):
-    from dora.ops.weights import save_version
+    from dora.ops.weights.versions import save_version
     a, _ = make_op(0, temperature=0.0, max_tokens=10)
     b, b_events = make_op(1, temperature=0.0, max_tokens=10)
     ref, _ = make_op(0, temperature=0.0, max_tokens=10)

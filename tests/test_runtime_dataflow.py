@@ -8,7 +8,7 @@ import sys
 import pyarrow as pa
 import pytest
 
-from dora.runtime.controller import Controller
+from dora.runtime.run_controller import Controller
 from dora.runtime.errors import CallError
 from tests.runtime_graphs import OPS, alive, edge, pipeline, read_sink
 from dora.graph.model import Graph, Node

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dora.runtime.controller import Controller
+from dora.runtime.run_controller import Controller
 from dora.runtime.errors import RunFailed
 from tests.runtime_graphs import alive, pipeline
 

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from dora.runtime.controller import Controller
+from dora.runtime.run_controller import Controller
 from tests.runtime_graphs import alive, pipeline, read_sink
 from tests.test_runtime_dataflow import check_exactly_once
 

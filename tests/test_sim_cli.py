@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dora.sim.cli import simulate_main
+from dora.sim.simulate_cli import simulate_main
 
 SMALL = ["--model", "qwen2.5-1.5b", "--gpus", "8", "--steps", "4", "--train-batch", "64", "--group-size", "8"]
 KEYS = {"mode", "step_time_s", "tokens_per_s", "rollout_only_fraction", "bubble_fraction", "staleness_max",

@@ -11,7 +11,7 @@ from dora.runtime.rollout import TraceWriter
 from dora.runtime.rollout.types import Request, RequestState
 from dora.sim.clock import VirtualClock
 from dora.sim.costmodel import MODELS, CostModel
-from dora.sim.engines import SimInstance
+from dora.sim.sim_instance import SimInstance
 from dora.sim.simulator import SimConfig, ideal, simulate
 from dora.sim.workloads import DapoMath, PromptSource, TraceWorkload, WorkloadError
 

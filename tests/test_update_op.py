@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dora.graph.columns import COLUMNS
-from dora.ops import weights
+from dora.ops.weights import versions as weights
 from dora.ops.base import OpContext
 from dora.ops.models import load_policy
 from dora.ops.reference import batch_logprobs

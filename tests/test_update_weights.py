@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from dora.ops import checkpoint, weights
+from dora.ops.weights import pretrained as checkpoint, versions as weights
 from dora.ops.models import load_policy
 
 torch.set_num_threads(1)

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from dora.ops.engines.base import Request
+from dora.ops.engines.base import SamplingRequest
 from engine_helpers import drain, teacher_forced_logprobs
 
 pytestmark = [
@@ -51,7 +51,7 @@ def test_logprobs_match_teacher_forcing_and_stats(setup):
     temps = {}
     for i, p in enumerate(_prompts(10)):
         temps[f"r{i}"] = [0.0, 0.7, 1.0][i % 3]
-        eng.submit(Request(f"r{i}", p, 0, max_tokens=4 + 2 * i, temperature=temps[f"r{i}"]))
+        eng.submit(SamplingRequest(f"r{i}", p, 0, max_tokens=4 + 2 * i, temperature=temps[f"r{i}"]))
     eng.step()
     s = eng.stats()
     assert s.active + s.queued == 10 and s.active <= 8 and s.kv_tokens_capacity > 0 and s.kv_tokens_used > 0
@@ -77,12 +77,12 @@ def test_migration_to_and_from_the_torch_engine(setup):
     torch_eng = TorchEngine(model, max_batch=8, eos_ids=[])
     prompts = _prompts(3, seed=4)
     for i, p in enumerate(prompts):
-        torch_eng.submit(Request(f"ref{i}", p, 0, max_tokens=12, temperature=0.0))
+        torch_eng.submit(SamplingRequest(f"ref{i}", p, 0, max_tokens=12, temperature=0.0))
     ref = {u[3:]: c.response_ids for u, c in drain(torch_eng).items()}
 
     before = eng.stats().reprefill_tokens
     for i, p in enumerate(prompts):
-        eng.submit(Request(f"m{i}", p, 0, max_tokens=12, temperature=0.0, stop_ids=[]))
+        eng.submit(SamplingRequest(f"m{i}", p, 0, max_tokens=12, temperature=0.0, stop_ids=[]))
     for _ in range(5):
         eng.step()
     states = eng.export(["m0", "m1", "m2"])
@@ -105,17 +105,17 @@ def test_migration_to_and_from_the_torch_engine(setup):
 
 
 def test_load_weights_in_place(setup):
-    from dora.ops.weights import save_version
+    from dora.ops.weights.versions import save_version
     eng, _, d = setup
     new = vllm_tiny(5)
     path, _ = save_version(new.state_dict(), str(d / "run"), 1)
-    eng.submit(Request("busy", [5, 6, 7], 0, max_tokens=3))
+    eng.submit(SamplingRequest("busy", [5, 6, 7], 0, max_tokens=3))
     with pytest.raises(RuntimeError, match="interrupt_all"):
         eng.load_weights(1, path)
     eng.abort("busy")
     eng.load_weights(1, path)
     assert eng.stats().version == 1
-    eng.submit(Request("v1", [5, 6, 7, 8], 1, max_tokens=8, temperature=1.0, stop_ids=[]))
+    eng.submit(SamplingRequest("v1", [5, 6, 7, 8], 1, max_tokens=8, temperature=1.0, stop_ids=[]))
     c = drain(eng)["v1"]
     assert c.token_versions == [1] * len(c.response_ids)
     ref = teacher_forced_logprobs(new, c.prompt_ids, c.response_ids, 1.0)

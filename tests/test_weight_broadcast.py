@@ -1,4 +1,4 @@
-"""Weight hand-off by torch.distributed broadcast (dora/ops/weight_broadcast.py): gloo on CPU,
+"""Weight hand-off by torch.distributed broadcast (dora/ops/weights/broadcast.py): gloo on CPU,
 trainer rank 0 and two receiver processes, versions bit-exact; a missing version fails clearly;
 and one `dora run` end to end with weight_sync: broadcast."""
 
@@ -10,7 +10,7 @@ import queue
 import pytest
 import torch
 
-from dora.ops.weight_broadcast import WeightBroadcaster, WeightReceiver
+from dora.ops.weights.broadcast import WeightBroadcaster, WeightReceiver
 
 DEADLINE_S = 60.0
 
@@ -121,7 +121,7 @@ def _trainer(run_dir: str, release, out) -> None:
 
 def test_generate_op_loads_broadcast_versions_and_falls_back_to_the_file(tmp_path, monkeypatch):
     import dora.ops.generate as generate
-    from dora.ops import weights
+    from dora.ops.weights import versions as weights
     from dora.ops.base import OpContext
     from dora.ops.models import load_policy
 

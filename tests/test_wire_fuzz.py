@@ -11,7 +11,7 @@ import zmq
 
 from dora.graph.model import Graph, Node
 from dora.runtime import wire
-from dora.runtime.controller import Controller
+from dora.runtime.run_controller import Controller
 from tests.runtime_graphs import OPS, edge, read_sink
 
 N_FRAMES = 10_000

@@ -19,14 +19,14 @@ from torch import Tensor
 
 from dora.algos.registry import Registry
 
-ESTIMATORS = Registry("advantage estimator")
-register = ESTIMATORS.register
+ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
+register = ADVANTAGE_ESTIMATORS.register
 
 
 def compute(name: str, *, rewards: Tensor, group_ids: Tensor, mask: Tensor, values: Tensor | None = None,
             token_rewards: Tensor | None = None, **params) -> Tensor:
-    fn = ESTIMATORS.get(name)
-    ESTIMATORS.check_params(name, params)
+    fn = ADVANTAGE_ESTIMATORS.get(name)
+    ADVANTAGE_ESTIMATORS.check_params(name, params)
     mask = mask.to(torch.float32)
     rewards = rewards.to(torch.float32)
     if rewards.dim() != 1 or group_ids.shape != rewards.shape or mask.dim() != 2 or mask.shape[0] != rewards.shape[0]:

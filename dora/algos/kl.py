@@ -14,7 +14,7 @@ from torch import Tensor
 
 from dora.algos.registry import Registry
 
-ESTIMATORS = Registry("kl estimator")
+KL_ESTIMATORS = Registry("kl estimator")
 
 # exp() of a log-ratio beyond this overflows float32 into inf and poisons a whole step's gradient;
 # a token that far from the reference is clipped (its k3 is then ~e^20, still a huge penalty).
@@ -24,20 +24,20 @@ _MAX_LOG_RATIO = 20.0
 def compute(name: str, *, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     if logprobs.shape != ref_logprobs.shape:
         raise ValueError(f"logprobs {tuple(logprobs.shape)} and ref_logprobs {tuple(ref_logprobs.shape)} differ in shape")
-    return ESTIMATORS.get(name)(logprobs, ref_logprobs)
+    return KL_ESTIMATORS.get(name)(logprobs, ref_logprobs)
 
 
-@ESTIMATORS.register("k1")
+@KL_ESTIMATORS.register("k1")
 def k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return logprobs - ref_logprobs
 
 
-@ESTIMATORS.register("k2")
+@KL_ESTIMATORS.register("k2")
 def k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return 0.5 * (logprobs - ref_logprobs) ** 2
 
 
-@ESTIMATORS.register("k3")
+@KL_ESTIMATORS.register("k3")
 def k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     d = (ref_logprobs - logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     return torch.exp(d) - d - 1

@@ -33,8 +33,8 @@ class AdvantageOp(Operator):
         super().setup(ctx)
         self.p = {**DEFAULTS, **ctx.params}
         self.estimator = self.p["estimator"]
-        adv_mod.ESTIMATORS.get(self.estimator)          # unknown name -> ValueError now, not at the first batch
-        kl_mod.ESTIMATORS.get(self.p["kl_estimator"])
+        adv_mod.ADVANTAGE_ESTIMATORS.get(self.estimator)          # unknown name -> ValueError now, not at the first batch
+        kl_mod.KL_ESTIMATORS.get(self.p["kl_estimator"])
         self.est_params = ({"gamma": self.p["gamma"], "lam": self.p["lam"], "whiten": self.p["whiten"]}
                            if self.estimator == "gae" else {})
         self.groups = GroupBuffer(resolve_group_size(ctx.params, ctx.async_cfg, ctx.label), ctx.label)

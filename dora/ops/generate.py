@@ -1,6 +1,6 @@
 """The generate operator: prompt rows in, trajectory rows out, through a generation engine.
 
-process() only submits (one Request per row); the worker calls poll() while busy() and each
+process() only submits (one SamplingRequest per row); the worker calls poll() while busy() and each
 poll() runs one engine step and emits the rows that finished in it, so short responses leave
 while long ones are still decoding. Every input column is passed through: the row travels in
 the request's meta (so it also survives export/import to another replica).
@@ -11,7 +11,7 @@ Control methods (the rollout orchestrator drives these through the controller):
     import_(state, buffers)       resume states exported by a replica (KV reused at the same version)
     interrupt_all() -> states     export everything (partial rollout before a version switch)
     abort(uids) -> {"aborted": [...]}, stats() -> dict
-With `weight_sync: broadcast` a WeightReceiver (dora/ops/weight_broadcast.py, rank replica + 1)
+With `weight_sync: broadcast` a WeightReceiver (dora/ops/weights/broadcast.py, rank replica + 1)
 receives every version the trainer broadcasts into host memory; load_version then takes the
 version from memory (waiting up to BROADCAST_WAIT_S for it) and falls back to the file path
 otherwise. Torch engine only (vLLM loads files).
@@ -29,8 +29,8 @@ import pyarrow as pa
 
 from dora.graph.columns import COLUMNS
 from dora.ops.base import Operator, OpContext, WithBuffers
-from dora.ops.engines.base import Completion, Engine, Request, states_from_wire, states_to_wire
-from dora.ops.weight_broadcast import WeightReceiver
+from dora.ops.engines.base import Completion, Engine, SamplingRequest, states_from_wire, states_to_wire
+from dora.ops.weights.broadcast import WeightReceiver
 
 OUTPUT_COLUMNS = ("response_ids", "response_text", "behavior_logprobs", "token_versions", "policy_version",
                   "finish_reason")
@@ -82,7 +82,7 @@ class GenerateOp(Operator):
             version = row.get("policy_version")
             version = self.engine.version if version is None else int(version)
             self.in_flight.add(str(row["uid"]))
-            self.engine.submit(Request(uid=str(row["uid"]), prompt_ids=[int(t) for t in row["prompt_ids"]],
+            self.engine.submit(SamplingRequest(uid=str(row["uid"]), prompt_ids=[int(t) for t in row["prompt_ids"]],
                                        version=version, stop_ids=self.stop_ids,
                                        meta={"row": {k: v for k, v in row.items() if k not in OUTPUT_COLUMNS}},
                                        **self.sampling))

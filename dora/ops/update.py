@@ -12,7 +12,7 @@ first (then arrival order); anything left waits for the next step. Per step:
    full-batch loss; then grad-norm clipping, the step's lr (warmup + cosine), one AdamW step.
    old_logprobs (pi_prox) are the logprobs of pass 1, detached: the weights do not change
    before pass 1's optimizer step, so they equal a separate no-grad pass and save a forward;
-3. version v -> v + 1: weights saved with dora.ops.weights.save_version and reported as
+3. version v -> v + 1: weights saved with dora.ops.weights.versions.save_version and reported as
    {"kind": "weights", "version", "path", "bytes", "seconds"}; then
    {"kind": "train_step", "step", "version", "uids", "metrics": {...}, "seconds"};
 4. checkpoint every save_every steps and at the last step; after `steps` steps,
@@ -23,7 +23,7 @@ Every step also appends one line to <run_dir>/trained.jsonl: {"step", "version",
 of what it trained, so a run can be audited for lost, duplicated or too-stale trajectories.
 
 With `weight_sync: broadcast` (and `broadcast_to` = the generate replica count) each version is
-also sent to the replicas by torch.distributed broadcast (dora/ops/weight_broadcast.py) right
+also sent to the replicas by torch.distributed broadcast (dora/ops/weights/broadcast.py) right
 after its file is written; the weights event then carries broadcast_s and broadcast_bytes, and
 train_step metrics do too. The file is still written, so any version can be loaded from it.
 
@@ -46,11 +46,11 @@ import torch
 from dora.algos import kl as kl_mod
 from dora.algos import losses
 from dora.algos.schedule import lr_at
-from dora.ops import checkpoint, weights
+from dora.ops.weights import pretrained, versions as weights
 from dora.ops.base import OpContext, Operator
 from dora.ops.batching import collate, concat_rows, micro_batches, pad_lists, require_columns
 from dora.ops.logprobs import response_logprobs
-from dora.ops.weight_broadcast import WeightBroadcaster
+from dora.ops.weights.broadcast import WeightBroadcaster
 
 DEFAULTS: dict[str, Any] = {
     "loss": "ppo_clip", "lr": 1e-5, "weight_decay": 0.0, "warmup_steps": 0, "total_steps": 0, "min_lr_ratio": 0.1,
@@ -82,7 +82,7 @@ class UpdateOp(Operator):
         p = self.p = {**DEFAULTS, **ctx.params}
         label = ctx.label
         losses.LOSSES.get(p["loss"])
-        kl_mod.ESTIMATORS.get(p["kl_estimator"])
+        kl_mod.KL_ESTIMATORS.get(p["kl_estimator"])
         self.loss_params = {"clip_eps": p["clip_eps"], "clip_eps_high": p["clip_eps_high"]}
         if p["dual_clip"] is not None:
             self.loss_params["dual_clip"] = p["dual_clip"]
@@ -140,7 +140,7 @@ class UpdateOp(Operator):
 
     def finish(self) -> Iterable[pa.RecordBatch]:
         if self.step > 0 and self.last_saved_step != self.step:
-            checkpoint.save_checkpoint(self.model, self.tokenizer, self.ctx.run_dir, self.step, {"version": self.version})
+            pretrained.save_checkpoint(self.model, self.tokenizer, self.ctx.run_dir, self.step, {"version": self.version})
             self.last_saved_step = self.step
         return ()
 
@@ -267,7 +267,7 @@ class UpdateOp(Operator):
                          "uids": cols["uid"], "metrics": metrics, "seconds": seconds_train})
         save_every = int(p["save_every"])
         if self.step >= int(p["steps"]) or (save_every > 0 and self.step % save_every == 0):
-            checkpoint.save_checkpoint(self.model, self.tokenizer, self.ctx.run_dir, self.step, {"version": self.version})
+            pretrained.save_checkpoint(self.model, self.tokenizer, self.ctx.run_dir, self.step, {"version": self.version})
             self.last_saved_step = self.step
         if self.step >= int(p["steps"]):
             self.done = True

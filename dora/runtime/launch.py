@@ -115,7 +115,7 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
     """Run a validated graph; returns the exit code. Shared by the CLI and benchmarks/modes.py."""
     from dora.graph.opspec import fill_params, resolve_op
     from dora.graph.yaml_io import to_yaml
-    from dora.runtime.controller import Controller
+    from dora.runtime.run_controller import Controller
     from dora.runtime.errors import RunFailed
     from dora.runtime.metrics import MetricsLog, summarize, write_summary
     from dora.runtime.progress import RunProgress
@@ -138,7 +138,7 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
                       hb_timeout=hb_timeout, async_extra=async_extra)
     if driver is not None:
         driver.attach(ctrl)
-    from dora.ops import weights
+    from dora.ops.weights import versions as weights
     weights.cleanup(run_dir)   # versions left by an earlier run in this folder would be mistaken for ours
     t0 = time.monotonic()
     ok, error = False, None

@@ -1,4 +1,4 @@
 """Virtual clock, cost models, workloads: the same orchestrator on simulated engines.
 
-`simulate(SimConfig(...))` runs one mode; `dora.sim.cli.simulate_main(argv)` is `dora simulate`.
+`simulate(SimConfig(...))` runs one mode; `dora.sim.simulate_cli.simulate_main(argv)` is `dora simulate`.
 """

@@ -18,7 +18,7 @@ from dora.runtime.rollout import RolloutConfig, RolloutController, TraceWriter
 
 from .clock import VirtualClock
 from .costmodel import MODELS, CostModel
-from .engines import SimInstance
+from .sim_instance import SimInstance
 from .trainer import SimTrainer
 from .workloads import PromptSource, Workload, get_workload
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from dora.runtime.rollout.controller import RolloutController
+from dora.runtime.rollout.rollout_controller import RolloutController
 from dora.runtime.rollout.trace import TraceWriter
 
 from .clock import VirtualClock

@@ -5,7 +5,7 @@ An engine is driven by one caller (the generate op) in a loop:
 and can hand in-flight requests to another engine of the same version with
 export(uids) -> states -> other.import_(states) (KV cache travels where the engine can).
 
-RequestState crosses processes as msgpack + raw tensor frames (state_to_wire / state_from_wire);
+SequenceState crosses processes as msgpack + raw tensor frames (state_to_wire / state_from_wire);
 never pickle.
 """
 
@@ -22,7 +22,7 @@ FINISH_REASONS = ("stop", "length", "abort")
 
 
 @dataclasses.dataclass
-class Request:
+class SamplingRequest:
     uid: str
     prompt_ids: list[int]
     version: int                     # policy version the request is dispatched on
@@ -59,14 +59,14 @@ class Completion:
 
 
 @dataclasses.dataclass
-class RequestState:
+class SequenceState:
     """An in-flight request, enough to resume it elsewhere.
 
     kv: per layer (keys, values), each [kv_heads, kv_len, head_dim], covering the first kv_len
     tokens of prompt_ids + response_ids; None when the engine cannot export KV (the importer
     re-prefills and counts it)."""
 
-    request: Request
+    request: SamplingRequest
     response_ids: list[int]
     logprobs: list[float]
     token_versions: list[int]
@@ -98,7 +98,7 @@ class Engine(abc.ABC):
     version: int
 
     @abc.abstractmethod
-    def submit(self, req: Request) -> None: ...
+    def submit(self, req: SamplingRequest) -> None: ...
 
     @abc.abstractmethod
     def step(self) -> list[Completion]:
@@ -110,15 +110,15 @@ class Engine(abc.ABC):
         """Drop a request; returns its partial completion (finish_reason 'abort') or None if unknown."""
 
     @abc.abstractmethod
-    def export(self, uids: list[str]) -> list[RequestState]:
+    def export(self, uids: list[str]) -> list[SequenceState]:
         """Remove these requests from this engine and return their state (KV where possible)."""
 
     @abc.abstractmethod
-    def import_(self, states: list[RequestState]) -> None:
+    def import_(self, states: list[SequenceState]) -> None:
         """Resume exported requests here (same version for KV reuse; otherwise re-prefill)."""
 
     @abc.abstractmethod
-    def interrupt_all(self) -> list[RequestState]:
+    def interrupt_all(self) -> list[SequenceState]:
         """Export every request (running and queued), leaving the engine idle."""
 
     @abc.abstractmethod
@@ -152,20 +152,20 @@ def _tensor_bytes(t: torch.Tensor) -> bytes:
 def _tensor_from(meta: dict[str, Any], frame: bytes | memoryview) -> torch.Tensor:
     dtype = getattr(torch, meta["dtype"], None)
     if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"RequestState wire: unknown tensor dtype {meta['dtype']!r}")
+        raise ValueError(f"SequenceState wire: unknown tensor dtype {meta['dtype']!r}")
     shape = [int(s) for s in meta["shape"]]
     raw_dtype = torch.int16 if dtype == torch.bfloat16 else dtype
     itemsize = torch.empty((), dtype=raw_dtype).element_size()
     want = int(np.prod(shape, dtype=np.int64)) * itemsize
     buf = memoryview(frame)
     if buf.nbytes != want:
-        raise ValueError(f"RequestState wire: tensor frame has {buf.nbytes} bytes, dtype/shape {meta} needs {want}")
+        raise ValueError(f"SequenceState wire: tensor frame has {buf.nbytes} bytes, dtype/shape {meta} needs {want}")
     t = torch.frombuffer(bytearray(buf), dtype=raw_dtype) if want else torch.empty(0, dtype=raw_dtype)
     t = t.reshape(shape)
     return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
 
 
-def state_to_wire(state: RequestState) -> tuple[dict[str, Any], list[bytes]]:
+def state_to_wire(state: SequenceState) -> tuple[dict[str, Any], list[bytes]]:
     """(msgpack-able dict, raw tensor frames). Frame order: layer0 keys, layer0 values, layer1 keys, ..."""
     frames: list[bytes] = []
     kv_meta = None
@@ -188,24 +188,24 @@ def state_to_wire(state: RequestState) -> tuple[dict[str, Any], list[bytes]]:
 _STATE_KEYS = {"request", "response_ids", "logprobs", "token_versions", "kv", "kv_version"}
 
 
-def state_from_wire(d: dict[str, Any], frames: list[bytes | memoryview]) -> RequestState:
+def state_from_wire(d: dict[str, Any], frames: list[bytes | memoryview]) -> SequenceState:
     if not isinstance(d, dict) or set(d) != _STATE_KEYS:
         got = sorted(d) if isinstance(d, dict) else type(d).__name__
-        raise ValueError(f"RequestState wire: expected keys {sorted(_STATE_KEYS)}, got {got}")
-    req = Request(**d["request"])
+        raise ValueError(f"SequenceState wire: expected keys {sorted(_STATE_KEYS)}, got {got}")
+    req = SamplingRequest(**d["request"])
     kv = None
     if d["kv"] is not None:
         if len(frames) != 2 * len(d["kv"]):
-            raise ValueError(f"RequestState wire for {req.uid!r}: {len(d['kv'])} KV layers need {2 * len(d['kv'])} frames, got {len(frames)}")
+            raise ValueError(f"SequenceState wire for {req.uid!r}: {len(d['kv'])} KV layers need {2 * len(d['kv'])} frames, got {len(frames)}")
         kv = [(_tensor_from(km, frames[2 * i]), _tensor_from(vm, frames[2 * i + 1])) for i, (km, vm) in enumerate(d["kv"])]
     n = len(d["response_ids"])
     if len(d["logprobs"]) != n or len(d["token_versions"]) != n:
-        raise ValueError(f"RequestState wire for {req.uid!r}: response_ids/logprobs/token_versions lengths differ")
-    return RequestState(req, list(d["response_ids"]), list(d["logprobs"]), list(d["token_versions"]), kv,
+        raise ValueError(f"SequenceState wire for {req.uid!r}: response_ids/logprobs/token_versions lengths differ")
+    return SequenceState(req, list(d["response_ids"]), list(d["logprobs"]), list(d["token_versions"]), kv,
                         d["kv_version"] if kv is not None else None)
 
 
-def states_to_wire(states: list[RequestState]) -> tuple[dict[str, Any], list[bytes]]:
+def states_to_wire(states: list[SequenceState]) -> tuple[dict[str, Any], list[bytes]]:
     """Many states in one message: {'states': [dict...], 'frame_counts': [...]} + concatenated frames."""
     dicts, frames, counts = [], [], []
     for s in states:
@@ -216,11 +216,11 @@ def states_to_wire(states: list[RequestState]) -> tuple[dict[str, Any], list[byt
     return {"states": dicts, "frame_counts": counts}, frames
 
 
-def states_from_wire(d: dict[str, Any], frames: list[bytes | memoryview]) -> list[RequestState]:
+def states_from_wire(d: dict[str, Any], frames: list[bytes | memoryview]) -> list[SequenceState]:
     if not isinstance(d, dict) or "states" not in d or "frame_counts" not in d:
-        raise ValueError("RequestState wire: expected {'states': [...], 'frame_counts': [...]}")
+        raise ValueError("SequenceState wire: expected {'states': [...], 'frame_counts': [...]}")
     if sum(d["frame_counts"]) != len(frames):
-        raise ValueError(f"RequestState wire: frame_counts sum to {sum(d['frame_counts'])}, got {len(frames)} frames")
+        raise ValueError(f"SequenceState wire: frame_counts sum to {sum(d['frame_counts'])}, got {len(frames)} frames")
     out, i = [], 0
     for sd, c in zip(d["states"], d["frame_counts"]):
         out.append(state_from_wire(sd, frames[i:i + c]))

@@ -152,7 +152,7 @@ class BatchKV:
         self._set_mask(torch.cat([_lpad_mask(self.mask, a_pad), _lpad_mask(other.mask, b_pad)], dim=0))
 
     def row_kv(self, i: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Request i's real KV, per layer (k, v) each [H, len, D] (copies)."""
+        """Row i's real KV, per layer (k, v) each [H, len, D] (copies)."""
         n = int(self.mask[i].sum())
         return [(layer.keys[i, :, self.width - n:].clone(), layer.values[i, :, self.width - n:].clone())
                 for layer in self.layers]

@@ -15,14 +15,14 @@ import dataclasses
 import torch
 from transformers import DynamicCache
 
-from .base import Completion, Engine, EngineStats, Request, RequestState
+from .base import Completion, Engine, EngineStats, SamplingRequest, SequenceState
 from .kv import BatchKV
 from .sampling import sample
 
 
 @dataclasses.dataclass
 class _Seq:
-    req: Request
+    req: SamplingRequest
     response: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)
@@ -61,12 +61,12 @@ class TorchEngine(Engine):
         self.generated_tokens = 0
 
     # ------------------------------------------------------------------ requests in
-    def submit(self, req: Request) -> None:
+    def submit(self, req: SamplingRequest) -> None:
         req.validate()
         self._check_new(req.uid, len(req.prompt_ids) + 1)
         self.waiting[req.uid] = _Seq(req, stops=self.eos_ids | frozenset(req.stop_ids))
 
-    def import_(self, states: list[RequestState]) -> None:
+    def import_(self, states: list[SequenceState]) -> None:
         for st in states:
             st.request.validate()
             n_tokens = len(st.request.prompt_ids) + len(st.response_ids)
@@ -85,7 +85,7 @@ class TorchEngine(Engine):
         if n_tokens > self.max_seq_len:
             raise ValueError(f"torch engine: request {uid!r} has {n_tokens - 1} tokens; max_seq_len is {self.max_seq_len}")
 
-    def _check_kv(self, st: RequestState, n_tokens: int) -> None:
+    def _check_kv(self, st: SequenceState, n_tokens: int) -> None:
         uid = st.request.uid
         if len(st.kv) != self.n_layers:
             raise ValueError(f"torch engine: KV of {uid!r} has {len(st.kv)} layers, model has {self.n_layers}")
@@ -195,7 +195,7 @@ class TorchEngine(Engine):
                 return _complete(s, "abort")
         return None
 
-    def export(self, uids: list[str]) -> list[RequestState]:
+    def export(self, uids: list[str]) -> list[SequenceState]:
         states, rows = [], []
         index = {s.req.uid: i for i, s in enumerate(self.running)}
         for uid in uids:
@@ -212,7 +212,7 @@ class TorchEngine(Engine):
             self._drop_rows(rows)
         return states
 
-    def interrupt_all(self) -> list[RequestState]:
+    def interrupt_all(self) -> list[SequenceState]:
         return self.export([s.req.uid for s in self.running] + list(self.waiting))
 
     def _drop_rows(self, rows: list[int]) -> None:
@@ -248,8 +248,8 @@ def _complete(s: _Seq, reason: str) -> Completion:
                       reason, s.req.meta)
 
 
-def _state(s: _Seq, kv, kv_version) -> RequestState:
-    return RequestState(s.req, list(s.response), list(s.logprobs), list(s.versions), kv, kv_version)
+def _state(s: _Seq, kv, kv_version) -> SequenceState:
+    return SequenceState(s.req, list(s.response), list(s.logprobs), list(s.versions), kv, kv_version)
 
 
 def _default_eos(model: torch.nn.Module) -> list[int]:
@@ -263,7 +263,7 @@ def _default_eos(model: torch.nn.Module) -> list[int]:
 def load_state_dict_into(model: torch.nn.Module, weights: dict[str, torch.Tensor] | str) -> None:
     """Copy weights (a state dict or a safetensors file) into model in place; strict except for tied heads."""
     if isinstance(weights, str):
-        from dora.ops.weights import read_version   # restores tied aliases stored once by save_version
+        from dora.ops.weights.versions import read_version   # restores tied aliases stored once by save_version
         weights = read_version(weights)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()

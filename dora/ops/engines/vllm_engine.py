@@ -31,7 +31,7 @@ import msgpack
 import torch
 import zmq
 
-from .base import Completion, Engine, EngineStats, Request, RequestState
+from .base import Completion, Engine, EngineStats, SamplingRequest, SequenceState
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_worker.py")
 
@@ -49,7 +49,7 @@ def vllm_python() -> str:
 
 @dataclasses.dataclass
 class _Seq:
-    req: Request
+    req: SamplingRequest
     response: list[int]
     logprobs: list[float]
     versions: list[int]
@@ -124,7 +124,7 @@ class VllmEngine(Engine):
         return reply
 
     # ------------------------------------------------------------------ Engine
-    def submit(self, req: Request) -> None:
+    def submit(self, req: SamplingRequest) -> None:
         req.validate()
         self._add(_Seq(req, [], [], [], list(req.prompt_ids)))
 
@@ -171,7 +171,7 @@ class VllmEngine(Engine):
         return Completion(uid, list(seq.req.prompt_ids), seq.response, seq.logprobs, seq.versions, seq.req.version,
                           "abort", seq.req.meta)
 
-    def export(self, uids: list[str]) -> list[RequestState]:
+    def export(self, uids: list[str]) -> list[SequenceState]:
         missing = [u for u in uids if u not in self.seqs]
         if missing:
             raise KeyError(f"vllm engine: export of unknown request uid(s) {missing}")
@@ -179,10 +179,10 @@ class VllmEngine(Engine):
         out = []
         for u in uids:
             s = self.seqs.pop(u)
-            out.append(RequestState(s.req, s.response, s.logprobs, s.versions, kv=None))
+            out.append(SequenceState(s.req, s.response, s.logprobs, s.versions, kv=None))
         return out
 
-    def import_(self, states: list[RequestState]) -> None:
+    def import_(self, states: list[SequenceState]) -> None:
         for st in states:   # vLLM takes no KV from outside: always re-prefill what was generated
             st.request.validate()
             if st.response_ids:
@@ -190,7 +190,7 @@ class VllmEngine(Engine):
             self._add(_Seq(st.request, list(st.response_ids), list(st.logprobs), list(st.token_versions),
                            list(st.request.prompt_ids) + list(st.response_ids)))
 
-    def interrupt_all(self) -> list[RequestState]:
+    def interrupt_all(self) -> list[SequenceState]:
         return self.export(list(self.seqs))
 
     def load_weights(self, version: int, weights: dict[str, torch.Tensor] | str) -> None:

@@ -62,7 +62,7 @@ class Worker:
         from safetensors import safe_open
         from safetensors.torch import load_file
         tensors = load_file(path)
-        with safe_open(path, framework="pt") as f:   # tied names stored once by dora.ops.weights.save_version
+        with safe_open(path, framework="pt") as f:   # tied names stored once by dora.ops.weights.versions.save_version
             aliases = json.loads((f.metadata() or {}).get("dora_aliases", "{}"))
         for alias, name in aliases.items():
             tensors[alias] = tensors[name]

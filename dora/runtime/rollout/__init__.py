@@ -1,7 +1,7 @@
 """Rollout orchestration shared by the real runtime and the simulator (one control code, two clocks)."""
 
 from .config import MODES, RolloutConfig, RolloutConfigError
-from .controller import RolloutController, StepMetrics
+from .rollout_controller import RolloutController, StepMetrics
 from .manager import RolloutManager
 from .orchestrator import Orchestrator, partition
 from .trace import TraceWriter

@@ -18,7 +18,7 @@ load_state_dict_into) see the tied head missing, which they accept for tied mode
 Old versions are removed by prune_versions(run_dir, keep); cleanup(run_dir) removes the /dev/shm
 folder at the end of a run. The files are always written (any replica may be asked to load any
 version in the window); `weight_sync: broadcast` adds a torch.distributed push of every version
-into the replicas' memory (dora/ops/weight_broadcast.py), so a load need not touch the file.
+into the replicas' memory (dora/ops/weights/broadcast.py), so a load need not touch the file.
 """
 
 from __future__ import annotations

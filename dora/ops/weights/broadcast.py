@@ -1,7 +1,7 @@
 """Weight hand-off by torch.distributed broadcast: the trainer is rank 0, generate replicas 1..N.
 
 Opt-in (update param `weight_sync: broadcast` with `broadcast_to: N`, generate param
-`weight_sync: broadcast`); the safetensors file hand-off of dora/ops/weights.py still runs
+`weight_sync: broadcast`); the safetensors file hand-off of dora/ops/weights/versions.py still runs
 beside it, so any version can always be loaded from its file.
 
     WeightBroadcaster(run_dir, receivers, device="cpu")      trainer side
@@ -35,7 +35,7 @@ import uuid
 import torch
 import torch.distributed as dist
 
-from dora.ops.weights import _dedupe
+from dora.ops.weights.versions import _dedupe
 
 SYNC_FILE = "weight_sync.json"
 RENDEZVOUS_TIMEOUT_S = 120.0     # all ranks joined, and the receiver finding the trainer's file

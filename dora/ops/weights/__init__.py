@@ -1,0 +1,1 @@
+"""Trainer -> engine weight hand-off and model checkpoints (see docs/architecture.md, "Weights")."""
