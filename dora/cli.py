@@ -112,12 +112,25 @@ def cmd_viz(args: argparse.Namespace) -> int:
     return 0
 
 
+def _param_line(ps) -> str:
+    bounds = f" {{{', '.join(map(str, ps.choices))}}}" if ps.choices else ""
+    bounds += f" [{ps.range_text}]" if ps.range_text else ""
+    bounds += f" (names from {ps.names_from})" if ps.names_from else ""
+    return f"{ps.name}: {ps.type} = {json.dumps(ps.default)}{bounds}  - {ps.doc}"
+
+
 def cmd_ops(args: argparse.Namespace) -> int:
+    from dora.graph.model import AsyncConfig, RunConfig
     from dora.graph.opspec import builtin_ops
+    from dora.graph.sections import section_specs
 
     ops = builtin_ops()
+    sections = {"async": section_specs(AsyncConfig), "run": section_specs(RunConfig)}
     if args.json:
-        print(json.dumps([s.describe() for s in ops.values()], indent=2, default=str))
+        # one list: the ops, then the pipeline sections (marked "section": true) with their settings
+        print(json.dumps([s.describe() for s in ops.values()]
+                         + [{"name": k, "section": True, "params": [p.describe() for p in v.values()]}
+                            for k, v in sections.items()], indent=2, default=str))
         return 0
     for s in ops.values():
         print(f"{s.name}: {s.doc}")
@@ -132,8 +145,14 @@ def cmd_ops(args: argparse.Namespace) -> int:
             parts = ([f"needs {', '.join(w.needs)}"] if w.needs else []) + ([f"adds {', '.join(w.adds)}"] if w.adds else [])
             print(f"  when     {cond}: {'; '.join(parts)}")
         for ps in s.params.values():
-            choices = f" {{{', '.join(map(str, ps.choices))}}}" if ps.choices else ""
-            print(f"  param    {ps.name}: {ps.type} = {json.dumps(ps.default)}{choices}  - {ps.doc}")
+            print(f"  param    {_param_line(ps)}")
+        if s.check:
+            print(f"  check    {s.check}")
+        print()
+    for name, specs in sections.items():
+        print(f"{name}: (pipeline section)")
+        for ps in specs.values():
+            print(f"  setting  {_param_line(ps)}")
         print()
     return 0
 

@@ -57,7 +57,7 @@ def test_defaults_are_merged_in_order_and_this_file_wins(tmp_path):
     assert diags == []
     assert g.pools["rollout"].count == 2                # this file wins over a.yaml
     assert g.async_.mode == "dora" and g.async_.max_staleness == 5   # b.yaml over a.yaml
-    assert g.extra["run"] == {"seed": 2, "out": "runs/b"}
+    assert (g.run.seed, g.run.out) == (2, "runs/b")
     assert g.loc_of("async.mode").file.endswith("a.yaml")
 
 
@@ -87,7 +87,7 @@ def test_overrides(tmp_path):
     g = load_graph(path, ["nodes.rollout.replicas=4", "pools.rollout.count=4", "async.mode=dora", "nodes.rollout.params.temperature=0.5",
                           "weights.0.to=rollout", "run.seed=3"])
     assert g.nodes["rollout"].replicas == 4 and g.pools["rollout"].count == 4 and g.async_.mode == "dora"
-    assert g.nodes["rollout"].params["temperature"] == 0.5 and g.extra["run"] == {"seed": 3}
+    assert g.nodes["rollout"].params["temperature"] == 0.5 and g.run.seed == 3
     _, diags = load_file(path, ["noequals", "name.deeper=1"])
     assert len(diags) == 2 and "not key=value" in diags[0].message and "not a mapping" in diags[1].message
 
@@ -138,3 +138,19 @@ def test_load_text_resolves_defaults_in_base_dir(tmp_path):
     assert "pools" not in text
     g, diags = load_text(text, base_dir=str(tmp_path))
     assert diags == [] and g.pools["train"].count == 1
+
+
+def test_print_graph_shows_pools_nodes_edges_weights_and_round_trips():
+    g = load_graph(os.path.join(os.path.dirname(__file__), "..", "pipelines", "quickstart.yaml"))
+    text = str(g)
+    lines = text.splitlines()
+    assert lines[0] == "graph grpo-quickstart:"
+    node_lines = {ln.split()[0]: ln for ln in lines if ln.strip().startswith("%") and " = " in ln.replace("  ", " ")}
+    assert set(node_lines) == {f"%{n}" for n in g.nodes}
+    assert "generate(prompts=prompts)" in node_lines["%rollout"] and "x2" in node_lines["%rollout"] and "pool rollout" in node_lines["%rollout"]
+    assert "advantage(scored=reward [group_by=group_id])" in node_lines["%advantage"]
+    assert any(ln.split() == ["%train", "->", "%rollout"] for ln in lines)
+    assert any(ln.split() == ["rollout", "cpu", "x", "2"] for ln in lines)
+    # columns line up, as in torch.fx's printout
+    assert len({ln.index("=") for ln in node_lines.values()}) == 1
+    assert load_text(to_yaml(g))[0] == g   # printing is a view; YAML still round-trips

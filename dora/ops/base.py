@@ -24,6 +24,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 
+from dora.graph.sections import AsyncSettings
+
 
 @dataclasses.dataclass
 class OpContext:
@@ -33,13 +35,13 @@ class OpContext:
     op: str                        # op name (registry key or import path)
     replica: int                   # this replica's index, 0..replicas-1
     replicas: int                  # number of replicas of this node
-    params: dict[str, Any]         # validated params with defaults filled in
+    params: dict[str, Any]         # every declared param, checked, typed, defaults filled (index, never .get)
     model: dict[str, Any]          # the pipeline's shared `model:` section
     device: str = "cpu"            # torch device string for this replica ("cpu", "cuda:0")
     threads: int = 1               # CPU threads this replica may use
     seed: int = 0
     run_dir: str | None = None     # where checkpoints / weight files / logs go
-    async_cfg: dict[str, Any] = dataclasses.field(default_factory=dict)  # the pipeline's `async:` section
+    async_: AsyncSettings = dataclasses.field(default_factory=AsyncSettings)  # after the mode's rules
     # Set by the worker: send an event to the controller (metrics, weights published, ...).
     report: Callable[[dict[str, Any]], None] = lambda event: None
 

@@ -49,20 +49,15 @@ class GenerateOp(Operator):
         self.engine, self.tokenizer = make_engine(p, ctx.model, device=ctx.device, model_seed=ctx.seed,
                                                   sample_seed=ctx.seed * 1000 + ctx.replica + 1,
                                                   run_dir=ctx.run_dir, label=ctx.label)
-        self.stop_ids = stop_token_ids(p.get("stop") or [], self.tokenizer, ctx.label)
+        self.stop_ids = stop_token_ids(p["stop"], self.tokenizer, ctx.label)
         self.sampling = {k: p[k] for k in ("temperature", "top_p", "top_k", "max_tokens")}
         self.in_fields: dict[str, pa.Field] = {}   # pass-through columns seen so far, in order
         self.in_flight: set[str] = set()           # uids submitted or imported here, not yet finished or handed on
-        sync = p.get("weight_sync", "file")
-        if sync not in ("file", "broadcast"):
-            raise ValueError(f"{ctx.label}: unknown weight_sync {sync!r}; use 'file' or 'broadcast'")
-        if sync == "broadcast" and p.get("engine", "torch") != "torch":
-            raise ValueError(f"{ctx.label}: weight_sync: broadcast needs engine: torch (vllm loads weights from files)")
-        if sync == "broadcast" and not ctx.run_dir:
+        if p["weight_sync"] == "broadcast" and not ctx.run_dir:
             raise ValueError(f"{ctx.label}: weight_sync: broadcast needs a run_dir (the rendezvous file is there)")
         self.receiver = None
-        if sync == "broadcast":
-            keep = int(ctx.async_cfg.get("max_staleness", 1)) + 2
+        if p["weight_sync"] == "broadcast":
+            keep = ctx.async_.max_staleness + 2
             self.receiver = WeightReceiver(ctx.run_dir, ctx.replica + 1, ctx.device, keep=keep, label=ctx.label)
         self.loads_by_source = {"file": 0, "broadcast": 0}
 
@@ -183,6 +178,13 @@ class GenerateOp(Operator):
             engine.close()
 
 
+def check_params(p: dict[str, Any]) -> list[tuple[str, str]]:
+    """Rules across generate's params (dora validate runs them; see OpSpec.check)."""
+    if p["weight_sync"] == "broadcast" and p["engine"] != "torch":
+        return [("weight_sync", "weight_sync: broadcast needs engine: torch (vllm loads weights from files)")]
+    return []
+
+
 def stop_token_ids(stop: list[str], tokenizer, label: str) -> list[int]:
     """The `stop` param's strings as token ids: each must be exactly one token of the tokenizer."""
     ids = []
@@ -200,13 +202,10 @@ def make_engine(params: dict[str, Any], model_cfg: dict[str, Any], *, device: st
     """(engine, tokenizer) for the generate op's params and the pipeline's model section."""
     from dora.ops.models import load_policy
 
-    name = params.get("engine", "torch")
-    if name == "torch":
-        from dora.ops.engines.torch_engine import TorchEngine
-        model, tok = load_policy(model_cfg, device, seed=model_seed)
-        return TorchEngine(model, version=0, max_batch=int(params.get("max_batch", 64)), seed=sample_seed), tok
-    if name == "vllm":
+    if params["engine"] == "vllm":
         from dora.ops.engines.vllm_engine import VllmEngine
-        return VllmEngine.from_model_cfg(model_cfg, max_batch=int(params.get("max_batch", 64)), model_seed=model_seed,
+        return VllmEngine.from_model_cfg(model_cfg, max_batch=params["max_batch"], model_seed=model_seed,
                                          sample_seed=sample_seed, run_dir=run_dir, label=label)
-    raise ValueError(f"{label}: unknown engine {name!r}; use 'torch' or 'vllm'")
+    from dora.ops.engines.torch_engine import TorchEngine
+    model, tok = load_policy(model_cfg, device, seed=model_seed)
+    return TorchEngine(model, version=0, max_batch=params["max_batch"], seed=sample_seed), tok

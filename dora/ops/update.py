@@ -1,7 +1,7 @@
 """Update op: the trainer. Buffers trajectories, trains one step per train_batch, publishes weights.
 
 A step (train_step) is taken as soon as the buffer can supply EXACTLY train_batch trajectories
-(ctx.async_cfg["train_batch"]) made of whole prompt groups, groups taken oldest policy_version
+(ctx.async_.train_batch) made of whole prompt groups, groups taken oldest policy_version
 first (then arrival order); anything left waits for the next step. Per step:
 
 1. rows -> micro-batches whose padded prompt+response size fits micro_batch_tokens;
@@ -43,7 +43,6 @@ from typing import Any, Callable, Iterable
 import pyarrow as pa
 import torch
 
-from dora.algos import kl as kl_mod
 from dora.algos import losses
 from dora.algos.schedule import lr_at
 from dora.ops.weights import pretrained, versions as weights
@@ -52,16 +51,30 @@ from dora.ops.batching import collate, concat_rows, micro_batches, pad_lists, re
 from dora.ops.logprobs import response_logprobs
 from dora.ops.weights.broadcast import WeightBroadcaster
 
-DEFAULTS: dict[str, Any] = {
-    "loss": "ppo_clip", "lr": 1e-5, "weight_decay": 0.0, "warmup_steps": 0, "total_steps": 0, "min_lr_ratio": 0.1,
-    "grad_clip": 1.0, "micro_batch_tokens": 4096, "clip_eps": 0.2, "clip_eps_high": None, "dual_clip": None,
-    "agg": "token_mean", "tis_cap": 2.0, "kl_coef": 0.0, "kl_estimator": "k3", "entropy_coef": 0.0, "ppo_epochs": 1,
-    "steps": 20, "save_every": 0, "weight_sync": "file", "broadcast_to": 0,
-}
 NEEDS = ["uid", "prompt_ids", "response_ids", "behavior_logprobs", "advantages", "policy_version", "group_id"]
 OPTIONAL = ["reward", "ref_logprobs"]
 
 ModelFactory = Callable[[dict, str, int], tuple[Any, Any]]
+
+
+def loss_params(p: dict[str, Any]) -> dict[str, Any]:
+    """The update params that go to the policy loss function itself."""
+    out = {"clip_eps": p["clip_eps"], "clip_eps_high": p["clip_eps_high"]}
+    if p["dual_clip"] is not None:
+        out["dual_clip"] = p["dual_clip"]
+    return out
+
+
+def check_params(p: dict[str, Any]) -> list[tuple[str, str]]:
+    """Rules across update's params (dora validate runs them; see OpSpec.check)."""
+    try:
+        losses.LOSSES.check_params(p["loss"], loss_params(p))
+    except ValueError as e:
+        return [("dual_clip" if p["dual_clip"] is not None else "loss", str(e))]
+    fixed = getattr(losses.LOSSES.get(p["loss"]), "fixed_agg", None)
+    if fixed is not None and p["agg"] != fixed:
+        return [("agg", f"loss {p['loss']!r} aggregates by {fixed}, got agg {p['agg']!r} (use ppo_clip for other aggregations)")]
+    return []
 
 
 def default_model_factory(model_cfg: dict, device: str, seed: int):
@@ -79,31 +92,21 @@ class UpdateOp(Operator):
     # ------------------------------------------------------------------ setup
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)
-        p = self.p = {**DEFAULTS, **ctx.params}
+        p = self.p = ctx.params
         label = ctx.label
-        losses.LOSSES.get(p["loss"])
-        kl_mod.KL_ESTIMATORS.get(p["kl_estimator"])
-        self.loss_params = {"clip_eps": p["clip_eps"], "clip_eps_high": p["clip_eps_high"]}
-        if p["dual_clip"] is not None:
-            self.loss_params["dual_clip"] = p["dual_clip"]
-        losses.LOSSES.check_params(p["loss"], self.loss_params)
-        if p["agg"] not in losses.AGGS:
-            raise ValueError(f"{label}: unknown agg {p['agg']!r}; valid: {', '.join(losses.AGGS)}")
-        tb = ctx.async_cfg.get("train_batch")
-        if not isinstance(tb, int) or isinstance(tb, bool) or tb <= 0:
-            raise ValueError(f"{label}: async.train_batch must be a positive integer, got {tb!r}")
-        self.train_batch = tb
+        self.loss_params = loss_params(p)
+        self.train_batch = ctx.async_.train_batch
         if not ctx.run_dir:
             raise ValueError(f"{label}: update needs a run_dir for weights and checkpoints")
         # keep the versions the rollout window can still be loading, plus one being written
-        self.keep_versions = int(ctx.async_cfg.get("max_staleness", 1)) + 2
+        self.keep_versions = ctx.async_.max_staleness + 2
         torch.manual_seed(ctx.seed)
         self.model, self.tokenizer = self.model_factory(ctx.model, ctx.device, ctx.seed)
         self.model.to(ctx.device)
         self.model.train()
         self.params = [q for q in self.model.parameters() if q.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=p["lr"], weight_decay=p["weight_decay"])
-        self.temperature = float(p.get("temperature") or 1.0)   # null: launch fills in the generate node's
+        self.temperature = p["temperature"]   # null in the YAML: resolved to the generate node's
         self.pad_id = int(getattr(self.tokenizer, "pad_token_id", 0) or 0)
         self.buffer: pa.Table | None = None
         self.step = 0
@@ -113,8 +116,6 @@ class UpdateOp(Operator):
         self.last_saved_step = -1
         os.makedirs(ctx.run_dir, exist_ok=True)
         self.ledger = open(os.path.join(ctx.run_dir, "trained.jsonl"), "w", encoding="utf-8")
-        if p["weight_sync"] not in ("file", "broadcast"):
-            raise ValueError(f"{label}: unknown weight_sync {p['weight_sync']!r}; use 'file' or 'broadcast'")
         self.broadcaster: WeightBroadcaster | None = None
         self.last_broadcast: dict[str, float] = {}
         if p["weight_sync"] == "broadcast":
@@ -199,7 +200,7 @@ class UpdateOp(Operator):
         use_ref = p["kl_coef"] > 0 and "ref_logprobs" in cols
         total_tokens = float(sum(lengths))
         total_seqs = float(sum(1 for n in lengths if n))
-        mbs = micro_batches([len(a) + len(b) for a, b in zip(prompts, resps)], int(p["micro_batch_tokens"]))
+        mbs = micro_batches([len(a) + len(b) for a, b in zip(prompts, resps)], p["micro_batch_tokens"])
         old: dict[int, torch.Tensor] = {}
         sums: dict[str, float] = {}
         weight_sum = 0.0
@@ -208,7 +209,7 @@ class UpdateOp(Operator):
                    min_lr_ratio=p["min_lr_ratio"])
         grad_norms: list[float] = []
         dev = self.ctx.device
-        for epoch in range(int(p["ppo_epochs"])):
+        for epoch in range(p["ppo_epochs"]):
             self.optimizer.zero_grad(set_to_none=True)
             for k, mb in enumerate(mbs):
                 pb = collate([prompts[i] for i in mb], [resps[i] for i in mb], self.pad_id).to(dev)
@@ -247,7 +248,7 @@ class UpdateOp(Operator):
         staleness = [self.version - v for v in cols["policy_version"]]
         metrics = {key: (val if key == "ratio_max" else val / max(weight_sum, 1.0)) for key, val in sums.items()}
         metrics.update({
-            "loss": loss_total / int(p["ppo_epochs"]), "lr": lr,
+            "loss": loss_total / p["ppo_epochs"], "lr": lr,
             "grad_norm": sum(grad_norms) / len(grad_norms),  # before clipping, mean over ppo_epochs
             "staleness_max": max(staleness), "staleness_mean": sum(staleness) / len(staleness),
             "tokens": int(total_tokens), "trajectories": len(chosen), "micro_batches": len(mbs),
@@ -265,11 +266,11 @@ class UpdateOp(Operator):
         metrics.update(self.last_broadcast)
         self.ctx.report({"kind": "train_step", "node": self.ctx.node, "step": self.step, "version": self.version,
                          "uids": cols["uid"], "metrics": metrics, "seconds": seconds_train})
-        save_every = int(p["save_every"])
-        if self.step >= int(p["steps"]) or (save_every > 0 and self.step % save_every == 0):
+        save_every = p["save_every"]
+        if self.step >= p["steps"] or (save_every > 0 and self.step % save_every == 0):
             pretrained.save_checkpoint(self.model, self.tokenizer, self.ctx.run_dir, self.step, {"version": self.version})
             self.last_saved_step = self.step
-        if self.step >= int(p["steps"]):
+        if self.step >= p["steps"]:
             self.done = True
             self.ctx.report({"kind": "done", "node": self.ctx.node, "step": self.step, "version": self.version})
 

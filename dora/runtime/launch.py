@@ -49,6 +49,8 @@ def run_main(argv: list[str] | None = None) -> int:
     graph = load_graph(args.pipeline, args.overrides)
     if graph is None:
         return 2
+    from dora.graph.resolve import resolve
+    resolved = resolve(graph)   # cannot fail: validation ran the same checks
     if args.backend == "local":
         from dora.runtime.backends.local import resolve_transport
         try:
@@ -65,11 +67,11 @@ def run_main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print(format_plan(plan, args.backend))
         return 0
-    seed = args.seed if args.seed is not None else int((graph.extra.get("run") or {}).get("seed", 0))
-    run_dir = args.out or os.path.join("runs", f"{graph.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    seed = args.seed if args.seed is not None else resolved.run.seed
+    run_dir = args.out or resolved.run.out or os.path.join("runs", f"{graph.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     os.makedirs(run_dir, exist_ok=True)
     return execute(graph, run_dir, backend=args.backend, seed=seed, quiet=args.quiet, deadline_s=args.deadline,
-                   source=args.pipeline, hb_timeout=args.hb_timeout)
+                   source=args.pipeline, hb_timeout=args.hb_timeout, resolved=resolved)
 
 
 def load_graph(path: str, overrides: list[str]):
@@ -86,34 +88,10 @@ def load_graph(path: str, overrides: list[str]):
     return graph
 
 
-def _inherit_temperature(graph, specs, params) -> None:
-    """Trainer-side logprobs must use the temperature the behaviour policy sampled at, or every
-    importance ratio is off: a null `temperature` on update/reference takes the generate node's."""
-    gens = {params[n]["temperature"] for n in graph.nodes if specs[n].name == "generate"}
-    for n in graph.nodes:
-        if "temperature" in params[n] and params[n]["temperature"] is None and specs[n].name != "generate":
-            t = gens.pop() if len(gens) == 1 else 1.0
-            gens.add(t)
-            # a temperature of 0 means greedy decoding, whose logprobs the engine reports at T = 1
-            params[n]["temperature"] = t if t > 0 else 1.0
-            graph.nodes[n].params["temperature"] = params[n]["temperature"]
-
-
-def _fill_broadcast_world(graph, specs, params) -> None:
-    """`weight_sync: broadcast` on the trainer pushes each version to every generate replica: with
-    broadcast_to left at 0 the world is the generate node's replica count."""
-    gens = [n for n in graph.nodes if specs[n].name == "generate"]
-    for n in graph.nodes:
-        p = params[n]
-        if specs[n].name == "update" and p.get("weight_sync") == "broadcast" and not p.get("broadcast_to") and len(gens) == 1:
-            p["broadcast_to"] = graph.nodes[gens[0]].replicas
-            graph.nodes[n].params["broadcast_to"] = p["broadcast_to"]
-
-
 def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: bool = False,
-            deadline_s: float = 3600.0, source: str | None = None, hb_timeout: float = 30.0) -> int:
+            deadline_s: float = 3600.0, source: str | None = None, hb_timeout: float = 30.0, resolved=None) -> int:
     """Run a validated graph; returns the exit code. Shared by the CLI and benchmarks/modes.py."""
-    from dora.graph.opspec import fill_params, resolve_op
+    from dora.graph.resolve import resolve
     from dora.graph.yaml_io import to_yaml
     from dora.runtime.run_controller import Controller
     from dora.runtime.errors import RunFailed
@@ -121,21 +99,16 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
     from dora.runtime.progress import RunProgress
     from dora.runtime.rl_driver import RLDriver, RLRoles
 
-    specs = {n: resolve_op(node.op) for n, node in graph.nodes.items()}
-    params = {n: fill_params(specs[n], node.params) for n, node in graph.nodes.items()}
-    _inherit_temperature(graph, specs, params)
-    _fill_broadcast_world(graph, specs, params)
+    resolved = resolved or resolve(graph)
     with open(os.path.join(run_dir, "pipeline.yaml"), "w", encoding="utf-8") as fh:
         fh.write(to_yaml(graph))   # exactly what ran, overrides applied
-    roles = RLRoles.find(graph, lambda n: specs[n].name)
+    roles = RLRoles.find(graph, resolved.op_of)
     metrics = MetricsLog(run_dir)
-    total = int(params[roles.update].get("steps", 1)) if roles else 0
+    total = resolved.params[roles.update]["steps"] if roles else 0
     progress = RunProgress(total, graph.name, quiet=quiet)
-    driver = RLDriver(graph, roles, params, metrics, progress) if roles else None
-    group_sizes = {p["group_size"] for n, p in params.items() if specs[n].name == "dataset"}
-    async_extra = {"group_size": group_sizes.pop()} if len(group_sizes) == 1 else {}
+    driver = RLDriver(resolved, roles, metrics, progress) if roles else None
     ctrl = Controller(graph, backend=backend, driver=driver, run_dir=run_dir, seed=seed, deadline_s=deadline_s,
-                      hb_timeout=hb_timeout, async_extra=async_extra)
+                      hb_timeout=hb_timeout, resolved=resolved)
     if driver is not None:
         driver.attach(ctrl)
     from dora.ops.weights import versions as weights

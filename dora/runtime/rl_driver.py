@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from dora.graph.model import Graph
+from dora.graph.resolve import Resolved
 from dora.runtime.clock import RealClock
 from dora.runtime.rollout import (Finished, InstanceStats, Request, RequestState, RolloutConfig, RolloutController,
                                   TraceWriter)
@@ -153,17 +154,15 @@ class ReplicaInstance:
 class RLDriver:
     """Controller driver for RL graphs: the rollout control code on the wall clock."""
 
-    def __init__(self, graph: Graph, roles: RLRoles, params: dict[str, dict[str, Any]], metrics, progress,
-                 trace: TraceWriter | None = None):
-        self.graph, self.roles, self.params = graph, roles, params
+    def __init__(self, resolved: Resolved, roles: RLRoles, metrics, progress, trace: TraceWriter | None = None):
+        self.graph, self.roles, self.params = resolved.graph, roles, resolved.params
         self.metrics, self.progress = metrics, progress
         self.trace = trace or TraceWriter(enabled=True)
-        a = graph.async_
-        group_size = int(params[roles.dataset].get("group_size", 1))
+        a = resolved.async_
         self.cfg = RolloutConfig(mode=a.mode, train_batch=a.train_batch, rollout_batch=a.rollout_batch,
-                                 group_size=group_size, max_staleness=a.max_staleness,
+                                 group_size=a.group_size, max_staleness=a.max_staleness,
                                  rebalance_period_s=2.0, kv_check_s=1.0).resolved()
-        self.total_steps = int(params[roles.update].get("steps", 1))
+        self.total_steps = self.params[roles.update]["steps"]
         self.ctrl = None                       # set by attach()
         self.rc: RolloutController | None = None
         self.clock = RunClock()
@@ -280,7 +279,7 @@ class RLDriver:
     def _rc(self) -> RolloutController:
         if self.rc is None:
             gen = self.graph.nodes[self.roles.generate]
-            slots = int(self.params[self.roles.generate].get("max_batch", 64))
+            slots = self.params[self.roles.generate]["max_batch"]
             instances = [ReplicaInstance(self, gen.name, r, slots) for r in range(gen.replicas)]
             self.rc = RolloutController(self.cfg, instances, self._take_prompts, self.clock, trace=self.trace)
             self.rc.start()

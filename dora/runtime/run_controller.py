@@ -37,6 +37,7 @@ import pyarrow as pa
 import zmq
 
 from dora.graph.model import Graph
+from dora.graph.resolve import Resolved, resolve
 from dora.runtime import wire
 from dora.runtime.allocator import tune_malloc
 from dora.runtime.backends import Launch, get_backend
@@ -78,10 +79,10 @@ class Controller:
     def __init__(self, graph: Graph, backend: str = "local", driver: Any = None, run_dir: str | None = None,
                  seed: int = 0, deadline_s: float = 3600.0, hb_interval: float = 0.25, hb_timeout: float = 5.0,
                  start_timeout_s: float = 120.0, backend_options: dict[str, Any] | None = None,
-                 async_extra: dict[str, Any] | None = None):
+                 resolved: Resolved | None = None):
         self.graph, self.driver, self.seed, self.deadline_s = graph, driver, seed, deadline_s
-        # run-wide facts every op may need beside the graph's `async:` section (e.g. group_size)
-        self.async_extra = dict(async_extra or {})
+        # the settings every replica gets (params filled and derived, async after the mode's rules)
+        self.resolved = resolved or resolve(graph)
         self.hb_interval, self.hb_timeout, self.start_timeout_s = hb_interval, hb_timeout, start_timeout_s
         self.plan = make_plan(graph)
         self.backend_name, self.backend_options = backend, backend_options or {}
@@ -213,9 +214,9 @@ class Controller:
 
     def _config(self, w: _W) -> dict[str, Any]:
         n, rp = self.graph.nodes[w.node], self.plan.get(w.node, w.replica)
-        return {"kind": "config", "op": n.op, "params": n.params, "replicas": n.replicas, "model": self.graph.model,
-                "device": rp.device, "threads": rp.threads, "seed": self.seed, "run_dir": self.run_dir,
-                "async_cfg": dataclasses.asdict(self.graph.async_) | {"loc": None} | self.async_extra, "hb_interval": self.hb_interval,
+        return {"kind": "config", "op": n.op, "params": self.resolved.params[w.node], "replicas": n.replicas,
+                "model": self.graph.model, "device": rp.device, "threads": rp.threads, "seed": self.seed,
+                "run_dir": self.run_dir, "async": self.resolved.async_.to_dict(), "hb_interval": self.hb_interval,
                 "hb_timeout": max(30.0, 4 * self.hb_timeout)}
 
     def _wiring(self, node: str) -> dict[str, Any]:

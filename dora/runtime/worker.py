@@ -69,12 +69,11 @@ def import_impl(path: str) -> type:
     return getattr(importlib.import_module(module), attr)
 
 
-def resolve(op: str, params: dict[str, Any]) -> tuple[type, dict[str, Any]]:
-    """(op class, params with defaults filled) through the graph layer's op declarations."""
-    from dora.graph.opspec import fill_params, resolve_op
+def op_class(op: str) -> type:
+    """The implementation class of an op, through the graph layer's op declarations."""
+    from dora.graph.opspec import resolve_op
 
-    spec = resolve_op(op)
-    return import_impl(spec.impl), fill_params(spec, params)
+    return import_impl(resolve_op(op).impl)
 
 
 def _set_parent_death_signal() -> None:
@@ -210,15 +209,17 @@ class Worker:
         raise TimeoutError(f"{self.label}: no config from the controller at {self.control_endpoint} within {CONFIG_TIMEOUT_S:.0f} s")
 
     def setup(self, cfg: dict[str, Any]) -> None:
+        from dora.graph.sections import AsyncSettings
         from dora.ops.base import OpContext
 
-        cls, params = resolve(cfg["op"], cfg.get("params") or {})
+        cls = op_class(cfg["op"])
         if "torch" in sys.modules:  # only pay for torch if the op uses it
             sys.modules["torch"].set_num_threads(max(1, int(cfg.get("threads", 1))))
         self.op = cls()
-        ctx = OpContext(node=self.node, op=cfg["op"], replica=self.replica, replicas=cfg["replicas"], params=params,
-                        model=cfg.get("model") or {}, device=cfg.get("device", "cpu"), threads=cfg.get("threads", 1),
-                        seed=cfg.get("seed", 0), run_dir=cfg.get("run_dir"), async_cfg=cfg.get("async_cfg") or {},
+        # params arrive resolved (dora.graph.resolve): filled, checked and derived once, by the controller
+        ctx = OpContext(node=self.node, op=cfg["op"], replica=self.replica, replicas=cfg["replicas"], params=cfg["params"],
+                        model=cfg["model"], device=cfg["device"], threads=cfg["threads"], seed=cfg["seed"],
+                        run_dir=cfg["run_dir"], async_=AsyncSettings(**cfg["async"]),
                         report=lambda event: self.send_ctrl({"kind": "event", "event": event}))
         self.op.setup(ctx)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-MODES = ("sync", "one_step_off", "partial", "dora")
+from dora.graph.sections import MODES, ModeError, resolve_mode
 
 
 class RolloutConfigError(ValueError):
@@ -35,27 +35,11 @@ class RolloutConfig:
     def resolved(self) -> "RolloutConfig":
         """Validate and fill mode-dependent defaults; returns a new config."""
         c = dataclasses.replace(self)
-        if c.mode not in MODES:
-            raise RolloutConfigError(f"unknown rollout mode {c.mode!r}; expected one of {', '.join(MODES)}")
-        if c.group_size < 1:
-            raise RolloutConfigError(f"group_size must be >= 1, got {c.group_size}")
-        if c.train_batch < c.group_size or c.train_batch % c.group_size:
-            raise RolloutConfigError(
-                f"train_batch ({c.train_batch}) must be a positive multiple of group_size ({c.group_size}): "
-                "a step trains whole groups (C2)")
-        if c.mode == "sync":
-            c.max_staleness, c.rollout_batch = 0, c.train_batch
-        elif c.mode == "one_step_off":
-            c.max_staleness, c.rollout_batch = 1, c.train_batch
-        else:
-            if c.max_staleness < 1:
-                raise RolloutConfigError(f"max_staleness must be >= 1 in mode {c.mode}, got {c.max_staleness}")
-            if c.rollout_batch == 0:
-                c.rollout_batch = c.train_batch + c.train_batch // 2
-        if c.rollout_batch < c.train_batch or c.rollout_batch % c.group_size:
-            raise RolloutConfigError(
-                f"rollout_batch ({c.rollout_batch}) must be a multiple of group_size ({c.group_size}) "
-                f"and >= train_batch ({c.train_batch})")
+        try:   # the mode rules live in dora.graph.sections, so `dora validate` checks the same ones
+            c.max_staleness, c.rollout_batch = resolve_mode(c.mode, c.max_staleness, c.rollout_batch,
+                                                            c.train_batch, c.group_size)
+        except ModeError as e:
+            raise RolloutConfigError(str(e)) from None
         return c
 
     @property
