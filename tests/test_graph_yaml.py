@@ -154,3 +154,39 @@ def test_print_graph_shows_pools_nodes_edges_weights_and_round_trips():
     # columns line up, as in torch.fx's printout
     assert len({ln.index("=") for ln in node_lines.values()}) == 1
     assert load_text(to_yaml(g))[0] == g   # printing is a view; YAML still round-trips
+
+
+@pytest.mark.parametrize("text, opened, failed", [
+    ("name: x\nnodes:\n  a: {op: dataset,\n  b: 1\nc: 2\n", 3, 5),      # unclosed {
+    ("name: x\npools: [1, 2,\n  3\nnodes: {}\n", 2, 4),                  # unclosed [
+    ('name: "abc\nnodes: {}\n', 1, 3),                                  # unclosed quote
+])
+def test_syntax_error_names_where_the_construct_opened_and_where_parsing_failed(text, opened, failed):
+    _, diags = load_text(text, file="p.yaml")
+    assert len(diags) == 1 and diags[0].loc.line == opened, diags
+    assert f"line {failed}" in diags[0].message and "not closed" in diags[0].message
+
+
+@pytest.mark.parametrize("text, what", [
+    ("name: x\nmodel: &m\n  a: *m\n", "recursive anchor"),
+    ("name: x\nmodel: &m [1, *m]\n", "recursive anchor"),
+    ("name: x\nmodel: &m\n  <<: *m\n  a: 1\n", "recursive anchor"),
+    ("a: &a [1,1,1,1,1,1,1,1,1]\n" + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n"
+                                            for p, c in zip("abcdefgh", "bcdefghi")), "alias bomb"),
+])
+def test_recursive_anchors_and_alias_bombs_are_refused_quickly(tmp_path, text, what):
+    """In a fresh process (so a hang or a memory blow-up cannot take the suite with it): exit 2, an
+    error naming the problem, well inside a second of work and bounded memory."""
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(text)
+    limit = "import resource; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)); "   # 2 GiB: bounded memory
+    code = limit + "import sys; from dora.cli import main; sys.exit(main(['validate', sys.argv[1]]))"
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60,
+                       cwd=os.path.join(os.path.dirname(__file__), ".."))
+    assert r.returncode == 2 and what in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert time.monotonic() - t0 < 30   # a bound on the hang, not a speed claim: the parse itself is ~0.2 s
