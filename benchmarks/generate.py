@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from dora.ops.engines.base import SamplingRequest
+from dora.ops.engines.engine import SamplingRequest
 from dora.ops.engines.torch_engine import TorchEngine
 
 

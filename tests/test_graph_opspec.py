@@ -128,3 +128,16 @@ def test_param_spec_rejects_unknown_types():
         ParamSpec("x", "tensor", None, "doc")
     spec = OpSpec("mine", "d", (PortSpec("in", ("reward",)),), ("z",), {"k": ParamSpec("k", "int?", None, "k")}, "m:C")
     assert fill_params(spec, {"k": None}) == {"k": None} and fill_params(spec, {"k": 3}) == {"k": 3}
+
+
+def test_no_two_modules_share_a_name():
+    """A module's name tells its layer: no two files in dora/ share a name (packages' __init__ aside)."""
+    import collections
+
+    root = os.path.join(os.path.dirname(__file__), "..", "dora")
+    seen = collections.defaultdict(list)
+    for folder, _, files in os.walk(root):
+        for f in files:
+            if f.endswith(".py") and f != "__init__.py":
+                seen[f].append(os.path.relpath(os.path.join(folder, f), root))
+    assert not {k: v for k, v in seen.items() if len(v) > 1}

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from dora.ops.engines.base import SamplingRequest
+from dora.ops.engines.engine import SamplingRequest
 from engine_helpers import drain, teacher_forced_logprobs
 
 pytestmark = [

@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from dora.graph.columns import COLUMNS
 from dora.ops.base import Operator, OpContext, WithBuffers
-from dora.ops.engines.base import Completion, Engine, SamplingRequest, states_from_wire, states_to_wire
+from dora.ops.engines.engine import Completion, Engine, SamplingRequest, states_from_wire, states_to_wire
 from dora.ops.weights.broadcast import WeightReceiver
 
 OUTPUT_COLUMNS = ("response_ids", "response_text", "behavior_logprobs", "token_versions", "policy_version",

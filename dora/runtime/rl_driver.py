@@ -112,7 +112,7 @@ class ReplicaInstance:
         self._ctrl.call(self.node, self.replica, "submit", {}, buffers=[sink.getvalue()], timeout=CALL_TIMEOUT_S)
 
     def _states(self, result: Any) -> list[RequestState]:
-        """Engine states (dora.ops.engines.base.states_to_wire) as the control code's RequestStates;
+        """Engine states (dora.ops.engines.engine.states_to_wire) as the control code's RequestStates;
         each keeps its own wire dict and raw KV frames as payload, ready for import elsewhere."""
         value, buffers = (result.value, list(result.buffers)) if isinstance(result, WithBuffers) else (result, [])
         out, at = [], 0

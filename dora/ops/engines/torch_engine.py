@@ -15,7 +15,7 @@ import dataclasses
 import torch
 from transformers import DynamicCache
 
-from .base import Completion, Engine, EngineStats, SamplingRequest, SequenceState
+from .engine import Completion, Engine, EngineStats, SamplingRequest, SequenceState
 from .kv import BatchKV
 from .sampling import sample
 

@@ -31,7 +31,7 @@ import msgpack
 import torch
 import zmq
 
-from .base import Completion, Engine, EngineStats, SamplingRequest, SequenceState
+from .engine import Completion, Engine, EngineStats, SamplingRequest, SequenceState
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_worker.py")
 
