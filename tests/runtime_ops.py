@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections import defaultdict
 
@@ -55,7 +56,7 @@ class Map(Operator):
     spec = OpSpec(
         name="tests.runtime_ops:Map", doc="tags rows with the replica that mapped them",
         inputs=(PortSpec("in", ("uid",)),), adds=("mapped_by",),
-        params=_params(P("fail_mode", "str", "none", "none | raise | sigkill | sigstop"), P("fail_at", "int", 2, "batch index"),
+        params=_params(P("fail_mode", "str", "none", "none | raise | sigkill | sigstop | hang"), P("fail_at", "int", 2, "batch index"),
                        P("delay_s", "float", 0.0, "sleep per batch")),
         impl="tests.runtime_ops:Map",
     )
@@ -74,6 +75,8 @@ class Map(Operator):
                 os.kill(os.getpid(), signal.SIGKILL)
             if mode == "sigstop":
                 os.kill(os.getpid(), signal.SIGSTOP)
+            if mode == "hang":   # the process lives and its heartbeat thread beats; the op never returns
+                threading.Event().wait()
         self.seen += 1
         if p["delay_s"]:
             time.sleep(p["delay_s"])

@@ -1,5 +1,5 @@
-"""A raising op, a SIGKILLed worker and a SIGSTOPped worker each end the run with a clear
-message naming the replica, within the deadline, and leave no process behind."""
+"""A raising op, a SIGKILLed worker, a SIGSTOPped worker and an op that hangs each end the run with
+a clear message naming the replica, within the deadline, and leave no process behind."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from tests.runtime_graphs import alive, pipeline
 DEADLINE_S = 60
 
 
-def run_failing(tmp_path, mode: str, hb_timeout: float = 5.0) -> tuple[RunFailed, float, Controller]:
+def run_failing(tmp_path, mode: str, hb_timeout: float = 5.0, **kw) -> tuple[RunFailed, float, Controller]:
     g = pipeline(rows=20_000, batch_rows=200, map_params={"fail_mode": mode, "fail_at": 3, "delay_s": 0.01})
-    ctl = Controller(g, run_dir=str(tmp_path), deadline_s=DEADLINE_S, hb_timeout=hb_timeout)
+    ctl = Controller(g, run_dir=str(tmp_path), deadline_s=DEADLINE_S, hb_timeout=hb_timeout, **kw)
     t0 = time.monotonic()
     with pytest.raises(RunFailed) as ei:
         ctl.run()
@@ -42,6 +42,14 @@ def test_sigkilled_worker_is_reported_by_name(tmp_path):
     err, elapsed, _ = run_failing(tmp_path, "sigkill")
     assert (err.node, err.replica) == ("map", 0)
     assert "worker map[0]" in str(err) and "killed by signal SIGKILL" in str(err)
+    assert elapsed < DEADLINE_S
+
+
+def test_hanging_op_is_named_by_the_stall_watchdog(tmp_path):
+    """Its process lives and its heartbeat thread keeps beating: only the stall report can tell."""
+    err, elapsed, _ = run_failing(tmp_path, "hang", stall_timeout_s=3.0)
+    assert (err.node, err.replica) == ("map", 0)
+    assert "worker map[0]" in str(err) and "no progress" in str(err) and "inside process()" in str(err)
     assert elapsed < DEADLINE_S
 
 

@@ -44,6 +44,9 @@ class OpContext:
     async_: AsyncSettings = dataclasses.field(default_factory=AsyncSettings)  # after the mode's rules
     # Set by the worker: send an event to the controller (metrics, weights published, ...).
     report: Callable[[dict[str, Any]], None] = lambda event: None
+    # Set by the worker: "still working". Call it inside long loops (a micro-batch, an engine step):
+    # the stall watchdog fails a replica that stays inside one op call without it for --stall-timeout.
+    progress: Callable[[], None] = lambda: None
 
     @property
     def label(self) -> str:

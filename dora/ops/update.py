@@ -84,7 +84,7 @@ def default_model_factory(model_cfg: dict, device: str, seed: int):
 
 
 class UpdateOp(Operator):
-    control_methods = ("train_ready", "stats")
+    control_methods = ("train_ready", "stats", "save_checkpoint")
 
     def __init__(self, model_factory: ModelFactory | None = None):
         self.model_factory = model_factory or default_model_factory
@@ -140,10 +140,15 @@ class UpdateOp(Operator):
         return ()
 
     def finish(self) -> Iterable[pa.RecordBatch]:
+        self.save_checkpoint()
+        return ()
+
+    def save_checkpoint(self) -> dict:
+        """Checkpoint the step just trained, unless it already is (control method: a stopping run asks)."""
         if self.step > 0 and self.last_saved_step != self.step:
             pretrained.save_checkpoint(self.model, self.tokenizer, self.ctx.run_dir, self.step, {"version": self.version})
             self.last_saved_step = self.step
-        return ()
+        return {"step": self.step, "saved": self.last_saved_step == self.step}
 
     def _select(self) -> list[int] | None:
         """Row indices of exactly train_batch rows in whole groups, preferring the oldest policy_version; or None."""
@@ -212,6 +217,7 @@ class UpdateOp(Operator):
         for epoch in range(p["ppo_epochs"]):
             self.optimizer.zero_grad(set_to_none=True)
             for k, mb in enumerate(mbs):
+                self.ctx.progress()   # a long step is still work: the stall watchdog sees each micro-batch
                 pb = collate([prompts[i] for i in mb], [resps[i] for i in mb], self.pad_id).to(dev)
                 T = pb.response_ids.shape[1]
                 logp, ent = response_logprobs(self.model, pb, temperature=self.temperature, with_entropy=True,
@@ -268,8 +274,7 @@ class UpdateOp(Operator):
                          "uids": cols["uid"], "metrics": metrics, "seconds": seconds_train})
         save_every = p["save_every"]
         if self.step >= p["steps"] or (save_every > 0 and self.step % save_every == 0):
-            pretrained.save_checkpoint(self.model, self.tokenizer, self.ctx.run_dir, self.step, {"version": self.version})
-            self.last_saved_step = self.step
+            self.save_checkpoint()
         if self.step >= p["steps"]:
             self.done = True
             self.ctx.report({"kind": "done", "node": self.ctx.node, "step": self.step, "version": self.version})

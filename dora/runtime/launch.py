@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import signal
 import sys
+import threading
 import time
+import traceback
 from typing import Any
+
+from dora.runtime.run_controller import START_TIMEOUT_S, STALL_TIMEOUT_S
 
 EXAMPLE = """example:
   dora run pipelines/quickstart.yaml --out runs/quickstart
@@ -29,14 +35,41 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="key=value overrides (omegaconf dotted paths)")
     p.add_argument("--backend", choices=("local", "ray"), default="local")
     p.add_argument("--out", default=None, help="run directory (default runs/<name>-<time>)")
-    p.add_argument("--seed", type=int, default=None, help="run seed (default: run.seed in the YAML, else 0)")
+    p.add_argument("--seed", type=_seed, default=None, help="run seed (default: run.seed in the YAML, else 0)")
     p.add_argument("--dry-run", action="store_true", help="print the placement plan and exit")
     p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.add_argument("--deadline", type=float, default=3600.0, help="fail the run after this many seconds")
-    p.add_argument("--hb-timeout", type=float, default=30.0,
+    p.add_argument("--deadline", type=_seconds, default=None,
+                   help="fail the run after this many seconds (default: no wall-clock limit; every wait still has its own bound)")
+    p.add_argument("--start-timeout", type=_seconds, default=START_TIMEOUT_S,
+                   help=f"fail if workers are not up within this many seconds (imports, model load; default {START_TIMEOUT_S:.0f})")
+    p.add_argument("--stall-timeout", type=_seconds, default=STALL_TIMEOUT_S,
+                   help="fail a replica that stays inside one op call this long with no sign of progress "
+                        f"(default {STALL_TIMEOUT_S:.0f})")
+    p.add_argument("--hb-timeout", type=_seconds, default=30.0,
                    help="declare a worker dead after this many seconds without a heartbeat (generous: a 2-core "
                         "machine running torch in every worker can starve a heartbeat thread for seconds)")
     return p
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A CLI duration: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
 
 
 def run_main(argv: list[str] | None = None) -> int:
@@ -71,7 +104,8 @@ def run_main(argv: list[str] | None = None) -> int:
     run_dir = args.out or resolved.run.out or os.path.join("runs", f"{graph.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     os.makedirs(run_dir, exist_ok=True)
     return execute(graph, run_dir, backend=args.backend, seed=seed, quiet=args.quiet, deadline_s=args.deadline,
-                   source=args.pipeline, hb_timeout=args.hb_timeout, resolved=resolved)
+                   source=args.pipeline, hb_timeout=args.hb_timeout, resolved=resolved,
+                   start_timeout_s=args.start_timeout, stall_timeout_s=args.stall_timeout)
 
 
 def load_graph(path: str, overrides: list[str]):
@@ -88,18 +122,68 @@ def load_graph(path: str, overrides: list[str]):
     return graph
 
 
+class StopSignals:
+    """SIGTERM / SIGINT during a run: the first asks the controller to stop cleanly (the driver stops
+    dispatch and checkpoints, then summary, trace and clean-up as usual); a second one stops at once
+    (KeyboardInterrupt: workers are killed, clean-up still runs). Only the main thread can install
+    handlers; elsewhere (a run driven from a thread) this does nothing."""
+
+    def __init__(self, ctrl, progress):
+        self.ctrl, self.progress = ctrl, progress
+        self.received: int | None = None
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.received is not None:
+            raise KeyboardInterrupt(f"second signal ({name}): stopping at once")
+        self.received = signum
+        self.ctrl.stop_requested = name
+        self.progress.status(f"{name}: stopping (checkpoint, summary, clean-up); send it again to stop at once")
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the first signal's number: 143 for SIGTERM, 130 for SIGINT (shell convention)."""
+        return 128 + int(self.received or signal.SIGTERM)
+
+
 def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: bool = False,
-            deadline_s: float = 3600.0, source: str | None = None, hb_timeout: float = 30.0, resolved=None) -> int:
-    """Run a validated graph; returns the exit code. Shared by the CLI and benchmarks/modes.py."""
+            deadline_s: float | None = None, source: str | None = None, hb_timeout: float = 30.0, resolved=None,
+            start_timeout_s: float = START_TIMEOUT_S, stall_timeout_s: float = STALL_TIMEOUT_S) -> int:
+    """Run a validated graph; returns the exit code (0 finished, 1 failed, 143 / 130 preempted by
+    SIGTERM / SIGINT). Shared by the CLI and benchmarks/modes.py. Whatever happens, summary.json and
+    trace.json are written and the run's shared memory is removed."""
     from dora.graph.resolve import resolve
     from dora.graph.yaml_io import to_yaml
-    from dora.runtime.run_controller import Controller
     from dora.runtime.errors import RunFailed
     from dora.runtime.metrics import MetricsLog, summarize, write_summary
     from dora.runtime.progress import RunProgress
     from dora.runtime.rl_driver import RLDriver, RLRoles
+    from dora.runtime.run_controller import Controller
 
     resolved = resolved or resolve(graph)
+    from dora.ops.weights import versions as weights
+    from dora.runtime import run_files
+    swept = run_files.sweep_stale()
+    if swept and not quiet:
+        print(f"dora run: removed what {len(swept)} dead run(s) left: {', '.join(swept)}", file=sys.stderr)
+    shm = weights.shm_dir(run_dir)
+    if os.access(os.path.dirname(shm), os.W_OK):
+        try:   # before anything in run_dir is written: a live run's files stay untouched
+            run_files.claim(shm, run_dir)   # exclusive, 0700
+        except run_files.RunFilesError as e:
+            print(f"dora run: {e}", file=sys.stderr)
+            return 2
     with open(os.path.join(run_dir, "pipeline.yaml"), "w", encoding="utf-8") as fh:
         fh.write(to_yaml(graph))   # exactly what ran, overrides applied
     roles = RLRoles.find(graph, resolved.op_of)
@@ -108,39 +192,50 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
     progress = RunProgress(total, graph.name, quiet=quiet)
     driver = RLDriver(resolved, roles, metrics, progress) if roles else None
     ctrl = Controller(graph, backend=backend, driver=driver, run_dir=run_dir, seed=seed, deadline_s=deadline_s,
-                      hb_timeout=hb_timeout, resolved=resolved)
+                      hb_timeout=hb_timeout, start_timeout_s=start_timeout_s, stall_timeout_s=stall_timeout_s,
+                      resolved=resolved)
     if driver is not None:
         driver.attach(ctrl)
-    from dora.ops.weights import versions as weights
-    weights.cleanup(run_dir)   # versions left by an earlier run in this folder would be mistaken for ours
     t0 = time.monotonic()
-    ok, error = False, None
+    ended, error = "failed", None
+    signals = StopSignals(ctrl, progress)
     try:
-        result = ctrl.run()
-        ok = result.ok
+        with signals:
+            ctrl.run()
+        ended = "preempted" if ctrl.stop_requested else "finished"
     except RunFailed as e:
         error = str(e)   # names the node and replica, with the worker's traceback
-    except KeyboardInterrupt:
-        error = "interrupted"
+    except KeyboardInterrupt as e:
+        ended, error = "preempted", str(e) or "interrupted"
+    except Exception as e:   # a driver or control error: a named failure, not a bare traceback
+        error = f"the run's control code failed: {type(e).__name__}: {e}\n{traceback.format_exc()}"
     finally:
         progress.close()
         metrics.close()
         weights.cleanup(run_dir)   # the /dev/shm copies; checkpoints stay in run_dir
     wall = time.monotonic() - t0
     summary: dict[str, Any] = summarize(metrics.records, name=graph.name, mode=graph.async_.mode, backend=backend,
-                                        seed=seed, wall_s=wall, run_dir=run_dir, ok=ok, error=error, source=source)
-    if driver is not None:
-        summary["accounting"] = driver.finish()
-        summary["stop_reason"] = driver.stop_reason
-        for key in ("c1_violations", "c2_violations", "c3_violations"):
-            summary[key] = max(summary.get(key, 0), summary["accounting"].get(key, 0))
-        summary["weight_loads"] = driver.weight_loads
-        driver.trace.write(os.path.join(run_dir, "trace.json"))
-    else:
-        with open(os.path.join(run_dir, "trace.json"), "w") as fh:
-            json.dump({"traceEvents": []}, fh)
-    write_summary(run_dir, summary)
+                                        seed=seed, wall_s=wall, run_dir=run_dir, ok=ended == "finished", error=error,
+                                        source=source, ended=ended, wire_rejected=ctrl.rejected())
+    if ended == "preempted":
+        summary["stop_reason"] = ctrl.stop_requested or "interrupted"
+    try:
+        if driver is not None:
+            summary["accounting"] = driver.finish()
+            summary["stop_reason"] = summary.get("stop_reason") or driver.stop_reason
+            for key in ("c1_violations", "c2_violations", "c3_violations"):
+                summary[key] = max(summary.get(key, 0), summary["accounting"].get(key, 0))
+            summary["weight_loads"] = driver.weight_loads
+            driver.trace.write(os.path.join(run_dir, "trace.json"))
+        else:
+            with open(os.path.join(run_dir, "trace.json"), "w") as fh:
+                json.dump({"traceEvents": []}, fh)
+    finally:
+        write_summary(run_dir, summary)
     progress.summary_table(summary)
+    if ended == "preempted":
+        print(f"dora run: preempted ({summary['stop_reason']}); summary in {run_dir}", file=sys.stderr)
+        return signals.exit_code
     if error:
         print(f"dora run: run failed: {error}", file=sys.stderr)
         return 1

@@ -31,6 +31,7 @@ from dora.runtime.rollout import (Finished, InstanceStats, Request, RequestState
 from dora.runtime.wire import WithBuffers
 
 CALL_TIMEOUT_S = 120.0   # a weight load of a small model on a busy 2-core machine takes seconds, not minutes
+STOP_CHECKPOINT_S = 30.0  # a stopped run checkpoints within this, so the whole stop fits in a minute
 
 
 class RunClock(RealClock):
@@ -234,6 +235,8 @@ class RLDriver:
                 self.pending_batch = None
         elif kind == "reward_errors":
             self.reward_errors += len(ev.get("uids", []))
+        elif kind == "wire_rejected":   # the first few per worker come with their reason; all are counted
+            self.progress.status(f"{node}[{replica}] rejected a message: {ev.get('error')}")
         elif kind == "done" and node == self.roles.update:
             self._done = True
         self._maybe_train()
@@ -266,6 +269,17 @@ class RLDriver:
 
     def done(self) -> bool:
         return self._done
+
+    def on_stop(self, reason: str) -> None:
+        """The run is asked to stop (a signal): dispatch no more, keep what the trainer has trained."""
+        self._done = True
+        self.stop_reason = f"stopped by {reason} after {self.steps_done} of {self.total_steps} steps"
+        if self.steps_done == 0:
+            return
+        try:   # bounded: a trainer deep in a long step leaves the last periodic checkpoint as the one to use
+            self.ctrl.call(self.roles.update, 0, "save_checkpoint", {}, timeout=STOP_CHECKPOINT_S)
+        except Exception as e:
+            self.progress.status(f"no checkpoint at stop ({type(e).__name__}: {e}); the last periodic one stands")
 
     def finish(self) -> dict[str, Any]:
         """Account for every dispatched trajectory (called once the run is over)."""
@@ -354,6 +368,7 @@ class RLDriver:
             "weight_loads": sm.get("weight_loads", 0), "response_len_max": lengths[-1],
             "response_len_median": lengths[len(lengths) // 2], "train_s": ev.get("seconds"),
             "wall_s": now,
+            "wire_rejected": self.ctrl.rejected(),
             "weight_sync_s": self.weight_sync.get(version, (None, None))[0],
             "weight_sync_bytes": self.weight_sync.get(version, (None, None))[1],
         }

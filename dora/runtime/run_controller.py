@@ -46,6 +46,9 @@ from dora.runtime.errors import CallError, RunFailed, WireError
 from dora.runtime.placement import Plan, plan as make_plan
 
 CONTROLLER = "controller"  # the sender label of batches the controller forwards on managed edges
+# Every wait has a bound; none is a wall-clock limit on the run itself (that is the opt-in deadline_s).
+START_TIMEOUT_S = 900.0    # worker start-up: imports, model load, engine start (a large model takes minutes)
+STALL_TIMEOUT_S = 600.0    # inside one op call with no sign of progress (see OpContext.progress)
 
 
 @dataclasses.dataclass
@@ -68,6 +71,8 @@ class _W:
     endpoint: str | None = None
     last_hb: float = 0.0
     rejected: int = 0
+    stalled_s: float = 0.0      # from heartbeats: inside one op call this long without progress
+    where: str = "?"            # the op method it is in
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -77,13 +82,15 @@ class _W:
 
 class Controller:
     def __init__(self, graph: Graph, backend: str = "local", driver: Any = None, run_dir: str | None = None,
-                 seed: int = 0, deadline_s: float = 3600.0, hb_interval: float = 0.25, hb_timeout: float = 5.0,
-                 start_timeout_s: float = 120.0, backend_options: dict[str, Any] | None = None,
-                 resolved: Resolved | None = None):
+                 seed: int = 0, deadline_s: float | None = None, hb_interval: float = 0.25, hb_timeout: float = 5.0,
+                 start_timeout_s: float = START_TIMEOUT_S, stall_timeout_s: float = STALL_TIMEOUT_S,
+                 backend_options: dict[str, Any] | None = None, resolved: Resolved | None = None):
         self.graph, self.driver, self.seed, self.deadline_s = graph, driver, seed, deadline_s
         # the settings every replica gets (params filled and derived, async after the mode's rules)
         self.resolved = resolved or resolve(graph)
         self.hb_interval, self.hb_timeout, self.start_timeout_s = hb_interval, hb_timeout, start_timeout_s
+        self.stall_timeout_s = stall_timeout_s
+        self.stop_requested: str | None = None   # set (e.g. by a signal handler) to end the run cleanly
         self.plan = make_plan(graph)
         self.backend_name, self.backend_options = backend, backend_options or {}
         self._own_run_dir = run_dir is None
@@ -105,11 +112,12 @@ class Controller:
 
     def run(self) -> RunResult:
         t0 = time.monotonic()
-        self.t_deadline = t0 + self.deadline_s
+        self.t_deadline = t0 + self.deadline_s if self.deadline_s else float("inf")
         ok = False
         try:
             self._start()
-            self._loop()
+            if not self.stop_requested:
+                self._loop()
             ok = True
             return self._result(ok, time.monotonic() - t0)
         finally:
@@ -151,6 +159,11 @@ class Controller:
 
     def endpoint(self, node: str, replica: int) -> str | None:
         return self._worker(node, replica).endpoint
+
+    def rejected(self) -> int:
+        """Wire messages rejected so far, over every worker (their heartbeats carry the count) and here."""
+        return (sum(w.rejected for w in self.workers.values()) + self.rejected_here
+                + (self.inbox.rejected if getattr(self, "inbox", None) else 0))
 
     def pids(self) -> dict[str, int | None]:
         return {label: w.pid for label, w in self.workers.items()}
@@ -198,9 +211,12 @@ class Controller:
             w.last_hb = now
         deadline = now + self.start_timeout_s
         while not all(w.state == "ready" for w in self.workers.values()):
+            if self.stop_requested:
+                return   # stopped while starting: nothing to checkpoint yet
             if time.monotonic() > min(deadline, self.t_deadline):
                 late = [w.label for w in self.workers.values() if w.state != "ready"]
-                raise RunFailed(f"workers not ready within {self.start_timeout_s:.0f} s: {late}")
+                raise RunFailed(f"workers not ready within {self.start_timeout_s:.0f} s: {late} "
+                                f"(dora run --start-timeout raises the bound; their logs are in {self.run_dir}/logs)")
             self._pump(50)
             self._check_health()
         for w in self.workers.values():
@@ -263,6 +279,7 @@ class Controller:
             if w is not None:
                 w.last_hb = time.monotonic()
                 w.rejected = int(msg.get("rejected") or 0)
+                w.stalled_s, w.where = float(msg.get("stalled_s") or 0.0), str(msg.get("where") or "?")
                 self.ctrl.send_multipart([ident.encode(), b"ack"])
             return
         w = self.workers.get(ident)
@@ -306,6 +323,11 @@ class Controller:
                 self.failure = RunFailed(f"worker {w.label} (node {w.node!r}, replica {w.replica}, pid {w.pid}) missed heartbeats "
                                          f"for {now - w.last_hb:.1f} s (hb_timeout {self.hb_timeout} s): frozen, stopped "
                                          f"(SIGSTOP) or starved", w.node, w.replica)
+                raise self.failure
+            if w.stalled_s > self.stall_timeout_s:
+                self.failure = RunFailed(f"worker {w.label} (node {w.node!r}, replica {w.replica}, pid {w.pid}) made no progress "
+                                         f"for {w.stalled_s:.0f} s inside {w.where}() (stall timeout {self.stall_timeout_s:.0f} s): "
+                                         f"the op hangs while its process lives", w.node, w.replica)
                 raise self.failure
 
     def _flush(self, out: OutEdge, timeout: float) -> None:
@@ -386,6 +408,10 @@ class Controller:
                 sinks_done_at = sinks_done_at or time.monotonic()
                 if all(w.state == "finished" for w in self.workers.values()) or time.monotonic() - sinks_done_at > 5.0:
                     return
+            if self.stop_requested:
+                if d is not None and hasattr(d, "on_stop"):
+                    d.on_stop(self.stop_requested)   # e.g. stop dispatch and checkpoint, workers still up
+                return
             if time.monotonic() > self.t_deadline:
                 unfinished = sorted(w.label for w in self.workers.values() if w.state != "finished")
                 raise RunFailed(f"run exceeded its deadline of {self.deadline_s:.0f} s; unfinished replicas: {unfinished}")
@@ -394,8 +420,7 @@ class Controller:
 
     def _result(self, ok: bool, elapsed: float) -> RunResult:
         stats = {w.label: w.stats for w in self.workers.values()}
-        rejected = sum(w.rejected for w in self.workers.values()) + self.rejected_here + (self.inbox.rejected if self.inbox else 0)
-        return RunResult(ok, elapsed, stats, rejected, self.kept_events, self.plan, self.run_dir)
+        return RunResult(ok, elapsed, stats, self.rejected(), self.kept_events, self.plan, self.run_dir)
 
     def _shutdown(self, graceful: bool) -> None:
         self.stopping = True

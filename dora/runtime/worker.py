@@ -32,6 +32,7 @@ from typing import Any, Iterable
 
 import zmq
 
+from dora.ops.parent_death import die_with_parent
 from dora.runtime import wire
 from dora.runtime.allocator import tune_malloc
 from dora.runtime.channel import Delivery, Inbox, OutEdge
@@ -76,19 +77,6 @@ def op_class(op: str) -> type:
     return import_impl(resolve_op(op).impl)
 
 
-def _set_parent_death_signal() -> None:
-    """Linux: SIGKILL this process when its parent dies, so a crashed controller leaves no workers."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
 class Heartbeat(threading.Thread):
     def __init__(self, zctx: zmq.Context, endpoint: str, label: str, interval: float, timeout: float, worker: "Worker"):
         super().__init__(name=f"heartbeat-{label}", daemon=True)
@@ -103,7 +91,9 @@ class Heartbeat(threading.Thread):
         last_ack = time.monotonic()
         while not self.halt.is_set():
             inbox = self.worker.inbox
-            self.sock.send(wire.encode_control({"kind": "hb", "rejected": inbox.rejected if inbox else 0})[0])
+            # this thread beats even while the op hangs: the stall report says whether the main thread moves
+            self.sock.send(wire.encode_control({"kind": "hb", "rejected": inbox.rejected if inbox else 0,
+                                                "stalled_s": self.worker.stalled_s(), "where": self.worker.where})[0])
             if self.sock.poll(int(self.interval * 1000)):
                 while self.sock.poll(0):
                     self.sock.recv()
@@ -136,12 +126,32 @@ class Worker:
         self.stopping = False
         self.rejects_reported = 0
         self.where = "start"   # the op method running now, for error messages
+        self.in_op_since: float | None = None   # inside op code since (None: in the worker's own loop)
+        self.progress_at = time.monotonic()     # the last sign of work: an op call returned, or ctx.progress()
 
     # ------------------------------------------------------------ control plane
 
     def send_ctrl(self, msg: dict[str, Any], buffers: Iterable[Any] = ()) -> None:
         with self.send_lock:  # ctx.report may be called from an op's own threads
             self.ctrl.send_multipart(wire.encode_control(msg, list(buffers)), copy=False)
+
+    def stalled_s(self) -> float:
+        """Seconds inside one op call without a sign of progress (0 when not inside op code)."""
+        since = self.in_op_since
+        return 0.0 if since is None else round(time.monotonic() - max(since, self.progress_at), 3)
+
+    def op_call(self, where: str, fn, *args):
+        """Run op code, marking it for the stall watchdog."""
+        self.where = where
+        self.in_op_since = time.monotonic()
+        try:
+            return fn(*args)
+        finally:
+            self.in_op_since = None
+            self.progress_at = time.monotonic()
+
+    def mark_progress(self) -> None:
+        self.progress_at = time.monotonic()
 
     def fail(self, where: str, exc: BaseException) -> None:
         self.state = "failed"
@@ -174,7 +184,7 @@ class Worker:
                     raise RuntimeError(f"{self.label} has no op yet (state {self.state})")
                 if buffers:
                     args = {**args, "buffers": buffers}
-                result = self.op.call(method, args)
+                result = self.op_call(method, self.op.call, method, args)
             out = result.buffers if isinstance(result, wire.WithBuffers) else []
             value = result.value if isinstance(result, wire.WithBuffers) else result
             self.send_ctrl({"kind": "reply", "id": cid, "ok": True, "result": value}, out)
@@ -220,7 +230,8 @@ class Worker:
         ctx = OpContext(node=self.node, op=cfg["op"], replica=self.replica, replicas=cfg["replicas"], params=cfg["params"],
                         model=cfg["model"], device=cfg["device"], threads=cfg["threads"], seed=cfg["seed"],
                         run_dir=cfg["run_dir"], async_=AsyncSettings(**cfg["async"]),
-                        report=lambda event: self.send_ctrl({"kind": "event", "event": event}))
+                        report=lambda event: self.send_ctrl({"kind": "event", "event": event}),
+                        progress=self.mark_progress)
         self.op.setup(ctx)
 
     def wire_up(self, msg: dict[str, Any]) -> None:
@@ -263,8 +274,7 @@ class Worker:
         if self.source_iter is not None:
             if all(o.has_credit() for o in self.outs):
                 try:
-                    self.where = "source"
-                    self.emit([next(self.source_iter)])
+                    self.emit([self.op_call("source", next, self.source_iter)])
                 except StopIteration:
                     self.source_iter = None
                     self.start_finish()
@@ -272,8 +282,7 @@ class Worker:
         else:
             got = self.inbox.recv()
             if isinstance(got, Delivery):
-                self.where = "process"
-                self.emit(self.op.process(got.batch, got.port))
+                self.emit(self.op_call("process", self.op.process, got.batch, got.port))
                 self.inbox.ack(got)
                 did = True
             elif isinstance(got, WireError):
@@ -286,8 +295,7 @@ class Worker:
             else:
                 self.inbox.flush_credits()  # out of input: return what we owe before waiting
         if self.op.busy():
-            self.where = "poll"
-            self.emit(self.op.poll())
+            self.emit(self.op_call("poll", self.op.poll))
             did = True
         elif self.source_iter is None and self.inbox.all_eos() and self.state == "running" and not any(o.queue for o in self.outs):
             self.start_finish()
@@ -297,8 +305,7 @@ class Worker:
     def start_finish(self) -> None:
         if self.op.busy():  # a source may still have work in flight inside the op
             return
-        self.where = "finish"
-        self.emit(self.op.finish())
+        self.emit(self.op_call("finish", self.op.finish))
         self.state = "finishing"
 
     def loop(self) -> None:
@@ -374,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--ipc-dir", default=None, help="bind the inbox on ipc:// sockets in this folder instead of tcp")
     a = p.parse_args(argv)
-    _set_parent_death_signal()
+    die_with_parent()   # a kill -9 of dora run takes its workers with it
     return Worker(a.control, a.node, a.replica, a.host, a.ipc_dir).run()
 
 

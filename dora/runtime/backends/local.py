@@ -19,6 +19,7 @@ import tempfile
 import time
 
 from dora.runtime.backends import Launch
+from dora.runtime.run_files import write_owner
 
 
 def describe_exit(rc: int) -> str:
@@ -49,7 +50,9 @@ def ipc_folder() -> str:
     base = tempfile.gettempdir()
     if len(base) > 60 and os.path.isdir("/tmp"):
         base = "/tmp"
-    return tempfile.mkdtemp(prefix="dora-ipc-", dir=base)   # mkdtemp: mode 0700
+    folder = tempfile.mkdtemp(prefix="dora-ipc-", dir=base)   # mkdtemp: exclusive, mode 0700
+    write_owner(folder)   # so a later run can remove it if this one is kill -9ed
+    return folder
 
 
 class LocalBackend:
