@@ -152,7 +152,6 @@ UPDATE = OpSpec(
         P("entropy_coef", "float", 0.0, "entropy bonus coefficient", min=0),
         P("ppo_epochs", "int", 1, "passes over each training batch", min=1),
         P("steps", "int", 20, "training steps in the run", min=1),
-        P("save_every", "int", 0, "checkpoint every N steps (0 = only at the end)", min=0),
         P("temperature", "float?", None, "logprob temperature (null = the generate node's, so ratios compare like with like)", min=0),
         P("weight_sync", "str", "file", "also broadcast each version to the generate replicas (torch.distributed)",
           choices=("file", "broadcast")),

@@ -96,6 +96,11 @@ class RunConfig:
 
     seed: int = setting(0, "run seed: model init, sampling, shuffles (dora run --seed overrides)", min=0)
     out: str | None = setting(None, "run directory (null = runs/<name>-<time>; dora run --out overrides)")
+    save_every: int = setting(10, "checkpoint the whole run state every N training steps (and at the end; "
+                              "0 = only at the end)", min=0)
+    keep_checkpoints: int = setting(2, "newest complete checkpoints kept in RUN_DIR/checkpoints", min=1)
+    max_restarts: int = setting(3, "respawns allowed per generate / reward / advantage replica before the run fails",
+                                min=0)
     loc: SourceLoc = dataclasses.field(default_factory=SourceLoc, compare=False)
 
 

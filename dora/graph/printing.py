@@ -45,5 +45,5 @@ def format_graph(g: Graph) -> str:
         lines.append(" weights:")
         lines += _table([(f"%{w.src}", "->", f"%{w.dst}") for w in g.weights])
     lines.append(f" async: {_section(g.async_, ('mode', 'max_staleness', 'rollout_batch', 'train_batch'))}")
-    lines.append(f" run: {_section(g.run, ('seed', 'out'))}")
+    lines.append(f" run: {_section(g.run, ('seed', 'out', 'save_every', 'keep_checkpoints', 'max_restarts'))}")
     return "\n".join(lines)

@@ -42,6 +42,8 @@ class OpContext:
     seed: int = 0
     run_dir: str | None = None     # where checkpoints / weight files / logs go
     async_: AsyncSettings = dataclasses.field(default_factory=AsyncSettings)  # after the mode's rules
+    # A resumed run: this replica's part of the checkpoint it starts from (None: a fresh start).
+    restore: dict[str, Any] | None = None
     # Set by the worker: send an event to the controller (metrics, weights published, ...).
     report: Callable[[dict[str, Any]], None] = lambda event: None
     # Set by the worker: "still working". Call it inside long loops (a micro-batch, an engine step):

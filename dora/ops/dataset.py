@@ -52,7 +52,10 @@ class DatasetOp(Operator):
         self.has_meta = any("task_meta" in r for r in self.records)
 
     def source(self) -> Iterator[pa.RecordBatch]:
-        picked = itertools.islice(self.stream(), self.ctx.replica, None, self.ctx.replicas)
+        # replica r of R takes every R-th prompt; a resumed run skips the prompts it had consumed
+        consumed = int((self.ctx.restore or {}).get("consumed", 0))
+        start = self.ctx.replica + consumed * self.ctx.replicas
+        picked = itertools.islice(self.stream(), start, None, self.ctx.replicas)
         while True:
             chunk = list(itertools.islice(picked, self.batch_prompts))
             if not chunk:

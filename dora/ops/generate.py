@@ -40,7 +40,7 @@ BROADCAST_WAIT_S = 10.0
 
 
 class GenerateOp(Operator):
-    control_methods = ("submit", "load_version", "export", "import_", "interrupt_all", "stats", "abort")
+    control_methods = ("submit", "load_version", "export", "import_", "interrupt_all", "stats", "abort", "snapshot")
 
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)
@@ -60,6 +60,8 @@ class GenerateOp(Operator):
             keep = ctx.async_.max_staleness + 2
             self.receiver = WeightReceiver(ctx.run_dir, ctx.replica + 1, ctx.device, keep=keep, label=ctx.label)
         self.loads_by_source = {"file": 0, "broadcast": 0}
+        if ctx.restore and ctx.restore.get("sampling_state"):
+            self.engine.set_sampling_state(ctx.restore["sampling_state"])
 
     # ------------------------------------------------------------------ data
     def process(self, batch: pa.RecordBatch, port: str) -> Iterable[pa.RecordBatch]:
@@ -171,6 +173,10 @@ class GenerateOp(Operator):
 
     def stats(self) -> dict[str, Any]:
         return self.engine.stats().to_dict()
+
+    def snapshot(self) -> dict[str, Any]:
+        """This replica's part of a run checkpoint: the sampler's RNG state (None if the engine has none)."""
+        return {"sampling_state": self.engine.sampling_state()}
 
     def teardown(self) -> None:
         engine = getattr(self, "engine", None)

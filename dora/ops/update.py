@@ -1,42 +1,13 @@
-"""Update op: the trainer. Buffers trajectories, trains one step per train_batch, publishes weights.
-
-A step (train_step) is taken as soon as the buffer can supply EXACTLY train_batch trajectories
-(ctx.async_.train_batch) made of whole prompt groups, groups taken oldest policy_version
-first (then arrival order); anything left waits for the next step. Per step:
-
-1. rows -> micro-batches whose padded prompt+response size fits micro_batch_tokens;
-2. for each of ppo_epochs passes over the micro-batches: forward under the current weights,
-   loss from dora.algos.losses (ratio vs the proximal policy, truncated IS vs the engine's
-   behavior_logprobs, KL to ref_logprobs when kl_coef > 0 and the column is present, entropy
-   bonus), backward with batch-wide denominators, so accumulated gradients equal those of one
-   full-batch loss; then grad-norm clipping, the step's lr (warmup + cosine), one AdamW step.
-   old_logprobs (pi_prox) are the logprobs of pass 1, detached: the weights do not change
-   before pass 1's optimizer step, so they equal a separate no-grad pass and save a forward;
-3. version v -> v + 1: weights saved with dora.ops.weights.versions.save_version and reported as
-   {"kind": "weights", "version", "path", "bytes", "seconds"}; then
-   {"kind": "train_step", "step", "version", "uids", "metrics": {...}, "seconds"};
-4. checkpoint every save_every steps and at the last step; after `steps` steps,
-   {"kind": "done", "step", "version"}; later input is counted and dropped.
-
-Every step also appends one line to <run_dir>/trained.jsonl: {"step", "version", "uids",
-"policy_versions"} (the version each trajectory was dispatched with), the trainer's own record
-of what it trained, so a run can be audited for lost, duplicated or too-stale trajectories.
-
-With `weight_sync: broadcast` (and `broadcast_to` = the generate replica count) each version is
-also sent to the replicas by torch.distributed broadcast (dora/ops/weights/broadcast.py) right
-after its file is written; the weights event then carries broadcast_s and broadcast_bytes, and
-train_step metrics do too. The file is still written, so any version can be loaded from it.
-
-Version 0 (the initial weights) is published at setup, so every generate replica can start
-from the trainer's exact weights. The model comes from dora.ops.models.load_policy(ctx.model,
-ctx.device, seed=ctx.seed) unless a model_factory is given (tests, custom models).
-"""
+"""Update op: the trainer. Trains one step whenever it can take exactly train_batch trajectories in
+whole groups (oldest policy_version first), publishes each new version on the weights edge, keeps
+the trained.jsonl ledger, and checkpoints when asked. Contract: docs/architecture.md, "Training ops"."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import shutil
 import time
 from typing import Any, Callable, Iterable
 
@@ -115,7 +86,14 @@ class UpdateOp(Operator):
         self.dropped_rows = 0
         self.last_saved_step = -1
         os.makedirs(ctx.run_dir, exist_ok=True)
-        self.ledger = open(os.path.join(ctx.run_dir, "trained.jsonl"), "w", encoding="utf-8")
+        if ctx.restore:
+            self._restore(ctx.restore["checkpoint"])
+        # The trainer's own ledger; a resumed run appends, marking where it rolled back to: steps after
+        # the checkpoint that a dead run had trained are superseded by the lines that follow the mark.
+        self.ledger = open(os.path.join(ctx.run_dir, "trained.jsonl"), "a" if ctx.restore else "w", encoding="utf-8")
+        if ctx.restore:
+            self.ledger.write(json.dumps({"resumed_from_step": self.step, "version": self.version}) + "\n")
+            self.ledger.flush()
         self.broadcaster: WeightBroadcaster | None = None
         self.last_broadcast: dict[str, float] = {}
         if p["weight_sync"] == "broadcast":
@@ -143,12 +121,36 @@ class UpdateOp(Operator):
         self.save_checkpoint()
         return ()
 
-    def save_checkpoint(self) -> dict:
-        """Checkpoint the step just trained, unless it already is (control method: a stopping run asks)."""
-        if self.step > 0 and self.last_saved_step != self.step:
-            pretrained.save_checkpoint(self.model, self.tokenizer, self.ctx.run_dir, self.step, {"version": self.version})
-            self.last_saved_step = self.step
-        return {"step": self.step, "saved": self.last_saved_step == self.step}
+    def save_checkpoint(self, folder: str | None = None) -> dict:
+        """Write the step just trained: a transformers folder plus trainer/ (optimizer, lr step, RNG).
+
+        `folder`: the run's staged checkpoint, to which the driver adds the rest of the run state
+        (dora/runtime/checkpoint.py); None: checkpoints/step_N on its own (temp folder + rename).
+        """
+        if self.step == 0 or (folder is None and self.last_saved_step == self.step):
+            return {"step": self.step, "folder": None}
+        final = folder or pretrained.checkpoint_dir(self.ctx.run_dir, self.step)
+        target = folder or f"{final}.tmp{os.getpid()}"
+        os.makedirs(target, exist_ok=True)
+        pretrained.write_pretrained(self.model, self.tokenizer, target, {"step": self.step, "version": self.version})
+        os.makedirs(os.path.join(target, "trainer"), exist_ok=True)
+        torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step, "version": self.version,
+                    "rng": torch.get_rng_state()}, os.path.join(target, "trainer", "state.pt"))
+        if folder is None:
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(target, final)
+        self.last_saved_step = self.step
+        return {"step": self.step, "folder": final}
+
+    def _restore(self, folder: str) -> None:
+        """Continue from a checkpoint written by save_checkpoint: weights, optimizer, lr step, RNG."""
+        pretrained.load_pretrained_weights(self.model, folder)
+        state = torch.load(os.path.join(folder, "trainer", "state.pt"), weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        self.step = self.last_saved_step = int(state["step"])
+        self.version = int(state["version"])
+        self.done = self.step >= self.p["steps"]
 
     def _select(self) -> list[int] | None:
         """Row indices of exactly train_batch rows in whole groups, preferring the oldest policy_version; or None."""
@@ -272,9 +274,6 @@ class UpdateOp(Operator):
         metrics.update(self.last_broadcast)
         self.ctx.report({"kind": "train_step", "node": self.ctx.node, "step": self.step, "version": self.version,
                          "uids": cols["uid"], "metrics": metrics, "seconds": seconds_train})
-        save_every = p["save_every"]
-        if self.step >= p["steps"] or (save_every > 0 and self.step % save_every == 0):
-            self.save_checkpoint()
         if self.step >= p["steps"]:
             self.done = True
             self.ctx.report({"kind": "done", "node": self.ctx.node, "step": self.step, "version": self.version})

@@ -31,12 +31,15 @@ EXAMPLE = """example:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dora run", description="Run a pipeline.", epilog=EXAMPLE,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("pipeline", help="pipeline YAML file")
+    p.add_argument("pipeline", nargs="?", help="pipeline YAML file (with --resume: the run's own pipeline.yaml)")
     p.add_argument("overrides", nargs="*", help="key=value overrides (omegaconf dotted paths)")
     p.add_argument("--backend", choices=("local", "ray"), default="local")
     p.add_argument("--out", default=None, help="run directory (default runs/<name>-<time>)")
     p.add_argument("--seed", type=_seed, default=None, help="run seed (default: run.seed in the YAML, else 0)")
     p.add_argument("--dry-run", action="store_true", help="print the placement plan and exit")
+    p.add_argument("--resume", metavar="RUN_DIR", default=None,
+                   help="continue a run from its last complete checkpoint (metrics and ledgers are appended)")
+    p.add_argument("--overwrite", action="store_true", help="start afresh in an --out that holds an earlier run")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--deadline", type=_seconds, default=None,
                    help="fail the run after this many seconds (default: no wall-clock limit; every wait still has its own bound)")
@@ -79,6 +82,17 @@ def run_main(argv: list[str] | None = None) -> int:
         args = p.parse_intermixed_args(argv)
     except SystemExit as e:
         return 0 if e.code == 0 else 2
+    resume = None
+    if args.resume:
+        # the run's own pipeline; a positional argument is then an override like the rest
+        args.overrides = ([args.pipeline] if args.pipeline else []) + args.overrides
+        args.pipeline, args.out = os.path.join(args.resume, "pipeline.yaml"), args.resume
+        resume = _checkpoint_to_resume(args.resume)
+        if resume is None:
+            return 2
+    elif args.pipeline is None:
+        print("dora run: give a pipeline file (or --resume RUN_DIR)", file=sys.stderr)
+        return 2
     graph = load_graph(args.pipeline, args.overrides)
     if graph is None:
         return 2
@@ -102,10 +116,34 @@ def run_main(argv: list[str] | None = None) -> int:
         return 0
     seed = args.seed if args.seed is not None else resolved.run.seed
     run_dir = args.out or resolved.run.out or os.path.join("runs", f"{graph.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if resume is None and not args.overwrite and _holds_a_run(run_dir):
+        print(f"dora run: {run_dir} holds an earlier run: continue it with --resume {run_dir}, or start afresh "
+              "with --overwrite or another --out (nothing was touched)", file=sys.stderr)
+        return 2
     os.makedirs(run_dir, exist_ok=True)
     return execute(graph, run_dir, backend=args.backend, seed=seed, quiet=args.quiet, deadline_s=args.deadline,
                    source=args.pipeline, hb_timeout=args.hb_timeout, resolved=resolved,
-                   start_timeout_s=args.start_timeout, stall_timeout_s=args.stall_timeout)
+                   start_timeout_s=args.start_timeout, stall_timeout_s=args.stall_timeout, resume=resume)
+
+
+def _holds_a_run(run_dir: str) -> bool:
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    return (os.path.isfile(metrics) and os.path.getsize(metrics) > 0) or os.path.isdir(os.path.join(run_dir, "checkpoints"))
+
+
+def _checkpoint_to_resume(run_dir: str):
+    """(checkpoint folder, run state, pending trajectories) of the run's last complete checkpoint, or
+    None after saying why not (exit 2)."""
+    from dora.runtime import checkpoint
+    if not os.path.isfile(os.path.join(run_dir, "pipeline.yaml")):
+        print(f"dora run: --resume {run_dir}: not a run directory (no pipeline.yaml)", file=sys.stderr)
+        return None
+    found = checkpoint.latest(run_dir)
+    if found is None:
+        print(f"dora run: --resume {run_dir}: no complete checkpoint in {run_dir}/checkpoints", file=sys.stderr)
+        return None
+    state, pending = checkpoint.read(found[1])
+    return found[1], state, pending
 
 
 def load_graph(path: str, overrides: list[str]):
@@ -120,6 +158,16 @@ def load_graph(path: str, overrides: list[str]):
         print(f"{path}: {len(errs)} error(s); nothing was run", file=sys.stderr)
         return None
     return graph
+
+
+def _keep_earlier_trace(run_dir: str) -> None:
+    """A resumed run writes its own trace.json; the earlier segments' stay as trace-1.json, ..."""
+    path = os.path.join(run_dir, "trace.json")
+    if os.path.isfile(path):
+        n = 1
+        while os.path.exists(os.path.join(run_dir, f"trace-{n}.json")):
+            n += 1
+        os.replace(path, os.path.join(run_dir, f"trace-{n}.json"))
 
 
 class StopSignals:
@@ -159,7 +207,7 @@ class StopSignals:
 
 def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: bool = False,
             deadline_s: float | None = None, source: str | None = None, hb_timeout: float = 30.0, resolved=None,
-            start_timeout_s: float = START_TIMEOUT_S, stall_timeout_s: float = STALL_TIMEOUT_S) -> int:
+            start_timeout_s: float = START_TIMEOUT_S, stall_timeout_s: float = STALL_TIMEOUT_S, resume=None) -> int:
     """Run a validated graph; returns the exit code (0 finished, 1 failed, 143 / 130 preempted by
     SIGTERM / SIGINT). Shared by the CLI and benchmarks/modes.py. Whatever happens, summary.json and
     trace.json are written and the run's shared memory is removed."""
@@ -168,6 +216,7 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
     from dora.runtime.errors import RunFailed
     from dora.runtime.metrics import MetricsLog, summarize, write_summary
     from dora.runtime.progress import RunProgress
+    from dora.runtime import run_state
     from dora.runtime.rl_driver import RLDriver, RLRoles
     from dora.runtime.run_controller import Controller
 
@@ -184,16 +233,26 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
         except run_files.RunFilesError as e:
             print(f"dora run: {e}", file=sys.stderr)
             return 2
-    with open(os.path.join(run_dir, "pipeline.yaml"), "w", encoding="utf-8") as fh:
-        fh.write(to_yaml(graph))   # exactly what ran, overrides applied
+    if resume is None:
+        with open(os.path.join(run_dir, "pipeline.yaml"), "w", encoding="utf-8") as fh:
+            fh.write(to_yaml(graph))   # exactly what ran, overrides applied
     roles = RLRoles.find(graph, resolved.op_of)
-    metrics = MetricsLog(run_dir)
+    if resume is not None and roles is None:
+        print("dora run: --resume continues RL runs only (this graph has no dataset -> generate -> update)", file=sys.stderr)
+        return 2
+    metrics = MetricsLog(run_dir, append=resume is not None)
     total = resolved.params[roles.update]["steps"] if roles else 0
     progress = RunProgress(total, graph.name, quiet=quiet)
     driver = RLDriver(resolved, roles, metrics, progress) if roles else None
+    restores = None
+    if resume is not None:
+        folder, state, pending = resume
+        driver.restore(state, pending)
+        restores = run_state.replica_restores(state, roles, graph, folder)
+        _keep_earlier_trace(run_dir)
     ctrl = Controller(graph, backend=backend, driver=driver, run_dir=run_dir, seed=seed, deadline_s=deadline_s,
                       hb_timeout=hb_timeout, start_timeout_s=start_timeout_s, stall_timeout_s=stall_timeout_s,
-                      resolved=resolved)
+                      resolved=resolved, restores=restores)
     if driver is not None:
         driver.attach(ctrl)
     t0 = time.monotonic()
@@ -219,6 +278,8 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
                                         source=source, ended=ended, wire_rejected=ctrl.rejected())
     if ended == "preempted":
         summary["stop_reason"] = ctrl.stop_requested or "interrupted"
+    if resume is not None:
+        summary["resumed_from_step"] = int(resume[1]["step"])
     try:
         if driver is not None:
             summary["accounting"] = driver.finish()

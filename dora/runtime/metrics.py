@@ -32,11 +32,11 @@ def _clean(value: Any) -> Any:
 class MetricsLog:
     """Appends step records to DIR/metrics.jsonl as they happen (a crash keeps what was written)."""
 
-    def __init__(self, run_dir: str):
+    def __init__(self, run_dir: str, append: bool = False):
         os.makedirs(run_dir, exist_ok=True)
         self.path = os.path.join(run_dir, "metrics.jsonl")
-        self.records: list[dict[str, Any]] = []
-        self._fh = open(self.path, "w", encoding="utf-8")
+        self.records: list[dict[str, Any]] = []   # this segment's (a resumed run appends to the file)
+        self._fh = open(self.path, "a" if append else "w", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
         missing = [k for k in REQUIRED_KEYS if k not in record]

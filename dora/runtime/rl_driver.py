@@ -28,6 +28,7 @@ from dora.graph.resolve import Resolved
 from dora.runtime.clock import RealClock
 from dora.runtime.rollout import (Finished, InstanceStats, Request, RequestState, RolloutConfig, RolloutController,
                                   TraceWriter)
+from dora.runtime import run_state
 from dora.runtime.wire import WithBuffers
 
 CALL_TIMEOUT_S = 120.0   # a weight load of a small model on a busy 2-core machine takes seconds, not minutes
@@ -164,6 +165,7 @@ class RLDriver:
                                  group_size=a.group_size, max_staleness=a.max_staleness,
                                  rebalance_period_s=2.0, kv_check_s=1.0).resolved()
         self.total_steps = self.params[roles.update]["steps"]
+        self.run_cfg = resolved.run
         self.ctrl = None                       # set by attach()
         self.rc: RolloutController | None = None
         self.clock = RunClock()
@@ -185,6 +187,18 @@ class RLDriver:
         self._done = False
         self.dataset_done = False      # the dataset sent end-of-stream: no more prompts will come
         self.stop_reason = None
+        # For whole-run checkpoints (dora/runtime/run_state.py): groups dispatched and not yet trained
+        # or dropped, prompt groups taken from each dataset replica, what a resumed run starts from.
+        self.open_groups: dict[str, list[str]] = {}
+        self.consumed = [0] * self.graph.nodes[roles.dataset].replicas
+        self.initial_version = 0
+        self.trained_before = 0                      # trajectories trained by earlier segments of this run
+        self.trained_here = 0                        # ... and by this one
+        self.reissued_groups: set[str] = set()       # in flight at the checkpoint: dispatched again, not re-read
+        self.reissued_at_resume = 0
+        self.restored_finished: list = []
+        self.snapshot = None                         # taken at a checkpoint step's publish, written at its train_step
+        self.checkpoints: list[str] = []
 
     # ------------------------------------------------------------ controller hooks
     def attach(self, ctrl) -> None:
@@ -220,13 +234,20 @@ class RLDriver:
         elif kind == "weights":
             self.weight_paths[int(ev["version"])] = ev["path"]
             self.weight_sync[int(ev["version"])] = (ev.get("seconds"), ev.get("bytes"))
-            if int(ev["version"]) == 0:
-                return   # the trainer's starting weights: every replica already holds them
-            self._rc().on_published(int(ev["version"]))
+            version = int(ev["version"])
+            if version == self.initial_version:
+                return   # the trainer's starting weights (replicas hold v0, or load a resumed version at start)
+            if self._checkpoint_due(version):
+                self.snapshot = run_state.capture(self, version)   # before any request of this version exists
+            self._rc().on_published(version)
         elif kind == "train_step":
             self._on_train_step(ev)
         elif kind == "filtered":
             self.filtered_uids += [str(u) for u in ev.get("uids", [])]
+            for u in ev.get("uids", []):
+                members = self.open_groups.pop(str(self.payloads.get(str(u), {}).get("group_id")), None) or []
+                for m in members:
+                    self.payloads.pop(m, None)
             revoked = self._rc().on_dropped([str(u) for u in ev.get("uids", [])], reason="filtered")
             if revoked:
                 # The batch we were waiting to complete held a dropped group: it went back to the
@@ -248,8 +269,8 @@ class RLDriver:
             self.dataset_done = True
 
     def tick(self, now: float) -> None:
-        if self.rc is None and not self._enough_prompts_to_start():
-            return
+        if self.rc is None and (not self._enough_prompts_to_start() or self.initial_version not in self.weight_paths):
+            return   # (a resumed run also waits for the trainer to publish the version it resumes at)
         rc = self._rc()
         rc.tick()
         self._maybe_train()
@@ -271,15 +292,23 @@ class RLDriver:
         return self._done
 
     def on_stop(self, reason: str) -> None:
-        """The run is asked to stop (a signal): dispatch no more, keep what the trainer has trained."""
+        """The run is asked to stop (a signal): dispatch no more, checkpoint what the trainer has trained."""
         self._done = True
-        self.stop_reason = f"stopped by {reason} after {self.steps_done} of {self.total_steps} steps"
-        if self.steps_done == 0:
-            return
         try:   # bounded: a trainer deep in a long step leaves the last periodic checkpoint as the one to use
-            self.ctrl.call(self.roles.update, 0, "save_checkpoint", {}, timeout=STOP_CHECKPOINT_S)
+            self.ctrl.call(self.roles.update, 0, "stats", {}, timeout=STOP_CHECKPOINT_S)   # returns once it is idle
+            self.ctrl.deliver_events()   # the step it just finished, if any (written and maybe checkpointed)
+            if self.steps_done > self.initial_version and self.sent_batch is None and (
+                    not self.checkpoints or not self.checkpoints[-1].endswith(f"step_{self.steps_done}")):
+                self.checkpoints.append(run_state.commit(self, run_state.capture(self, self.steps_done),
+                                                         self.run_cfg.keep_checkpoints))
         except Exception as e:
-            self.progress.status(f"no checkpoint at stop ({type(e).__name__}: {e}); the last periodic one stands")
+            self.progress.status(f"no checkpoint at stop ({type(e).__name__}: {e}); the last one stands")
+        self.stop_reason = f"stopped by {reason} after {self.steps_done} of {self.total_steps} steps"
+
+    def restore(self, state: dict[str, Any], pending: pa.Table | None) -> None:
+        """Start from a checkpoint (dora run --resume): see dora/runtime/run_state.py."""
+        run_state.restore(self, state, pending)
+
 
     def finish(self) -> dict[str, Any]:
         """Account for every dispatched trajectory (called once the run is over)."""
@@ -287,6 +316,10 @@ class RLDriver:
             self.accounting = self.rc.finish()
             self.accounting["filtered"] = len(self.filtered_uids)
             self.accounting["reward_errors"] = self.reward_errors
+            # a resumed run: this segment's identity holds on its own; these tie it to the earlier ones
+            self.accounting["trained_before_resume"] = self.trained_before
+            self.accounting["reissued_at_resume"] = self.reissued_at_resume
+            self.accounting["trained_total"] = self.trained_before + self.accounting["trained"]
         return self.accounting
 
     # ------------------------------------------------------------ internals
@@ -295,7 +328,9 @@ class RLDriver:
             gen = self.graph.nodes[self.roles.generate]
             slots = self.params[self.roles.generate]["max_batch"]
             instances = [ReplicaInstance(self, gen.name, r, slots) for r in range(gen.replicas)]
-            self.rc = RolloutController(self.cfg, instances, self._take_prompts, self.clock, trace=self.trace)
+            self.rc = RolloutController(self.cfg, instances, self._take_prompts, self.clock, trace=self.trace,
+                                        initial_version=self.initial_version)
+            self.rc.restore_finished(self.restored_finished)
             self.rc.start()
         return self.rc
 
@@ -321,7 +356,12 @@ class RLDriver:
     def _take_prompts(self, n_groups: int) -> list[list[Request]]:
         out = []
         while self.prompt_groups and len(out) < n_groups:
-            out.append(self.prompt_groups.popleft())
+            group = self.prompt_groups.popleft()
+            gid = group[0].group_id
+            self.open_groups[gid] = [r.uid for r in group]
+            if gid not in self.reissued_groups:   # the dataset stream position: replica r has group ids r mod R
+                self.consumed[int(gid) % len(self.consumed)] += 1
+            out.append(group)
         return out
 
     def _maybe_train(self) -> None:
@@ -379,6 +419,17 @@ class RLDriver:
         self.metrics.write(rec)
         self.progress.step(rec)
         self.steps_done = step
+        self.trained_here += len(sent["uids"])
+        for u in sent["uids"]:   # trained: the run forgets them (a long run's memory stays flat)
+            gid = str(self.payloads.pop(str(u), {}).get("group_id"))
+            self.open_groups.pop(gid, None)
+        if self.snapshot is not None and self.snapshot.step == version:
+            snap, self.snapshot = self.snapshot, None
+            self.checkpoints.append(run_state.commit(self, snap, self.run_cfg.keep_checkpoints))
+
+    def _checkpoint_due(self, version: int) -> bool:
+        every = self.run_cfg.save_every
+        return version >= self.total_steps or (every > 0 and version % every == 0)
 
 
 def _mean(values) -> float | None:

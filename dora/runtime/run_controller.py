@@ -84,10 +84,12 @@ class Controller:
     def __init__(self, graph: Graph, backend: str = "local", driver: Any = None, run_dir: str | None = None,
                  seed: int = 0, deadline_s: float | None = None, hb_interval: float = 0.25, hb_timeout: float = 5.0,
                  start_timeout_s: float = START_TIMEOUT_S, stall_timeout_s: float = STALL_TIMEOUT_S,
-                 backend_options: dict[str, Any] | None = None, resolved: Resolved | None = None):
+                 backend_options: dict[str, Any] | None = None, resolved: Resolved | None = None,
+                 restores: dict[str, dict[str, Any]] | None = None):
         self.graph, self.driver, self.seed, self.deadline_s = graph, driver, seed, deadline_s
         # the settings every replica gets (params filled and derived, async after the mode's rules)
         self.resolved = resolved or resolve(graph)
+        self.restores = restores or {}   # replica label -> its part of the checkpoint a resumed run starts from
         self.hb_interval, self.hb_timeout, self.start_timeout_s = hb_interval, hb_timeout, start_timeout_s
         self.stall_timeout_s = stall_timeout_s
         self.stop_requested: str | None = None   # set (e.g. by a signal handler) to end the run cleanly
@@ -233,6 +235,7 @@ class Controller:
         return {"kind": "config", "op": n.op, "params": self.resolved.params[w.node], "replicas": n.replicas,
                 "model": self.graph.model, "device": rp.device, "threads": rp.threads, "seed": self.seed,
                 "run_dir": self.run_dir, "async": self.resolved.async_.to_dict(), "hb_interval": self.hb_interval,
+                "restore": self.restores.get(w.label),
                 "hb_timeout": max(30.0, 4 * self.hb_timeout)}
 
     def _wiring(self, node: str) -> dict[str, Any]:
@@ -375,6 +378,16 @@ class Controller:
         if hasattr(self.driver, "on_eos"):
             self.driver.on_eos(e.src, e.dst)
 
+    def deliver_events(self) -> None:
+        """Hand the events received so far to the driver (a driver may call it from inside a hook)."""
+        d = self.driver
+        while self.events:
+            node, r, ev = self.events.popleft()
+            if d is not None and hasattr(d, "on_event"):
+                d.on_event(node, r, ev)
+            else:
+                self.kept_events.append((node, r, ev))
+
     def _sinks_done(self) -> bool:
         sinks = [n for n in self.graph.nodes if not self.graph.consumers(n)]
         return all(w.state == "finished" for w in self.workers.values() if w.node in sinks)
@@ -392,12 +405,7 @@ class Controller:
                     if s.poll(0):
                         out.drain_credits(i)
                 out.flush()
-            while self.events:
-                node, r, ev = self.events.popleft()
-                if d is not None and hasattr(d, "on_event"):
-                    d.on_event(node, r, ev)
-                else:
-                    self.kept_events.append((node, r, ev))
+            self.deliver_events()
             if d is not None and hasattr(d, "tick"):
                 d.tick(time.monotonic())
             if d is not None and d.done():
@@ -411,6 +419,7 @@ class Controller:
             if self.stop_requested:
                 if d is not None and hasattr(d, "on_stop"):
                     d.on_stop(self.stop_requested)   # e.g. stop dispatch and checkpoint, workers still up
+                    self.deliver_events()            # what the trainer reported meanwhile (its last step)
                 return
             if time.monotonic() > self.t_deadline:
                 unfinished = sorted(w.label for w in self.workers.values() if w.state != "finished")

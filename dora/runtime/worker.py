@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import importlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -229,7 +230,7 @@ class Worker:
         # params arrive resolved (dora.graph.resolve): filled, checked and derived once, by the controller
         ctx = OpContext(node=self.node, op=cfg["op"], replica=self.replica, replicas=cfg["replicas"], params=cfg["params"],
                         model=cfg["model"], device=cfg["device"], threads=cfg["threads"], seed=cfg["seed"],
-                        run_dir=cfg["run_dir"], async_=AsyncSettings(**cfg["async"]),
+                        run_dir=cfg["run_dir"], async_=AsyncSettings(**cfg["async"]), restore=cfg["restore"],
                         report=lambda event: self.send_ctrl({"kind": "event", "event": event}),
                         progress=self.mark_progress)
         self.op.setup(ctx)
@@ -382,6 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ipc-dir", default=None, help="bind the inbox on ipc:// sockets in this folder instead of tcp")
     a = p.parse_args(argv)
     die_with_parent()   # a kill -9 of dora run takes its workers with it
+    # Ctrl-C in a terminal and a scheduler's SIGTERM reach the whole process group: the controller
+    # alone decides how a run stops (it checkpoints first, then stops its workers), so they ignore both.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return Worker(a.control, a.node, a.replica, a.host, a.ipc_dir).run()
 
 

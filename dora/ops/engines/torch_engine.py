@@ -236,6 +236,12 @@ class TorchEngine(Engine):
         load_state_dict_into(self.model, weights)
         self.version = int(version)
 
+    def sampling_state(self) -> bytes:
+        return self.generator.get_state().numpy().tobytes()
+
+    def set_sampling_state(self, state: bytes) -> None:
+        self.generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+
     def stats(self) -> EngineStats:
         used = int(self.batch.mask.sum()) if self.batch is not None and self.running else 0
         return EngineStats(active=len(self.running), queued=len(self.waiting), kv_tokens_used=used,
