@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 import zmq
 
-from dora.runtime import routing, wire
+from dora.runtime import routing, security, wire
 from dora.runtime.errors import WireError
 
 
@@ -39,6 +39,7 @@ def bind_router(ctx: zmq.Context, host: str = "127.0.0.1", transport: str = "tcp
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES + (1 << 16))
+    security.server(sock)   # CURVE when the run's sockets leave the machine (no-op otherwise)
     if transport == "ipc":
         sock.bind(f"ipc://{ipc_path}")
     else:
@@ -53,6 +54,7 @@ def connect_dealer(ctx: zmq.Context, endpoint: str, identity: bytes | None = Non
     sock.setsockopt(zmq.LINGER, 0)
     if identity is not None:
         sock.setsockopt(zmq.IDENTITY, identity)
+    security.client(sock)
     sock.connect(endpoint)
     return sock
 

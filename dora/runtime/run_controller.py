@@ -38,12 +38,13 @@ import zmq
 
 from dora.graph.model import Graph
 from dora.graph.resolve import Resolved, resolve
-from dora.runtime import wire
+from dora.runtime import security, wire
 from dora.runtime.allocator import tune_malloc
 from dora.runtime.backends import Launch, get_backend
 from dora.runtime.channel import Delivery, Inbox, OutEdge, bind_router
 from dora.runtime.errors import CallError, RunFailed, WireError
 from dora.runtime.placement import Plan, plan as make_plan
+from dora.runtime.security import RunKeys
 
 CONTROLLER = "controller"  # the sender label of batches the controller forwards on managed edges
 # Every wait has a bound; none is a wall-clock limit on the run itself (that is the opt-in deadline_s).
@@ -85,11 +86,12 @@ class Controller:
                  seed: int = 0, deadline_s: float | None = None, hb_interval: float = 0.25, hb_timeout: float = 5.0,
                  start_timeout_s: float = START_TIMEOUT_S, stall_timeout_s: float = STALL_TIMEOUT_S,
                  backend_options: dict[str, Any] | None = None, resolved: Resolved | None = None,
-                 restores: dict[str, dict[str, Any]] | None = None):
+                 restores: dict[str, dict[str, Any]] | None = None, secure: bool | None = None):
         self.graph, self.driver, self.seed, self.deadline_s = graph, driver, seed, deadline_s
         # the settings every replica gets (params filled and derived, async after the mode's rules)
         self.resolved = resolved or resolve(graph)
         self.restores = restores or {}   # replica label -> its part of the checkpoint a resumed run starts from
+        self.secure = secure             # CURVE on every socket (None: when the backend spans machines)
         self.hb_interval, self.hb_timeout, self.start_timeout_s = hb_interval, hb_timeout, start_timeout_s
         self.stall_timeout_s = stall_timeout_s
         self.stop_requested: str | None = None   # set (e.g. by a signal handler) to end the run cleanly
@@ -198,6 +200,10 @@ class Controller:
         os.makedirs(os.path.join(self.run_dir, "logs"), exist_ok=True)
         self.backend = get_backend(self.backend_name, **self.backend_options)
         tune_malloc()                    # the controller receives managed edges' batches too
+        keys = None
+        if self.secure or (self.secure is None and getattr(self.backend, "multi_node", False)):
+            keys = RunKeys.generate()    # per run; workers get them with their start arguments
+            security.install(keys)
         self.zctx = zmq.Context()
         self.ctrl, self.ctrl_endpoint = bind_router(self.zctx, self.backend.host)
         self.inbox = Inbox(self.zctx, self.backend.host) if self.managed else None
@@ -206,7 +212,8 @@ class Controller:
                               e.capacity, e.capacity_bytes)
         self.outs: dict[tuple[str, str], OutEdge] = {}
         launches = [Launch(r.node, r.replica, self.ctrl_endpoint, r.env, r.pool, r.kind, r.slot,
-                           os.path.join(self.run_dir, "logs", f"{r.node}-{r.replica}.log")) for r in self.plan.replicas]
+                           os.path.join(self.run_dir, "logs", f"{r.node}-{r.replica}.log"), keys and keys.to_dict())
+                    for r in self.plan.replicas]
         self.backend.start(launches)
         now = time.monotonic()
         for w in self.workers.values():
@@ -447,6 +454,8 @@ class Controller:
         if getattr(self, "inbox", None) is not None:
             self.inbox.close()
         self.ctrl.close(0)
+        security.release(self.zctx)
+        security.install(None)
         self.zctx.term()
         if graceful and self._own_run_dir and self.run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib
+import json
 import os
 import signal
 import sys
@@ -34,7 +35,7 @@ from typing import Any, Iterable
 import zmq
 
 from dora.ops.parent_death import die_with_parent
-from dora.runtime import wire
+from dora.runtime import security, wire
 from dora.runtime.allocator import tune_malloc
 from dora.runtime.channel import Delivery, Inbox, OutEdge
 from dora.runtime.errors import WireError
@@ -84,6 +85,7 @@ class Heartbeat(threading.Thread):
         self.sock = zctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.IDENTITY, f"{label}#hb".encode())
+        security.client(self.sock)
         self.sock.connect(endpoint)
         self.interval, self.timeout, self.worker = interval, timeout, worker
         self.halt = threading.Event()
@@ -115,6 +117,7 @@ class Worker:
         self.ctrl = self.zctx.socket(zmq.DEALER)
         self.ctrl.setsockopt(zmq.LINGER, 1000)
         self.ctrl.setsockopt(zmq.IDENTITY, self.label.encode())
+        security.client(self.ctrl)
         self.ctrl.connect(control)
         self.control_endpoint = control
         self.send_lock = threading.Lock()
@@ -371,6 +374,7 @@ class Worker:
             if self.inbox:
                 self.inbox.close()
             self.ctrl.close(linger=1000)
+            security.release(self.zctx)
             self.zctx.term()
 
 
@@ -382,6 +386,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--ipc-dir", default=None, help="bind the inbox on ipc:// sockets in this folder instead of tcp")
     a = p.parse_args(argv)
+    # a secured run's keys come from the process that started this one (local backend: the environment)
+    keys = os.environ.pop("DORA_RUN_KEYS", None)
+    if keys:
+        security.install(json.loads(keys))
     die_with_parent()   # a kill -9 of dora run takes its workers with it
     # Ctrl-C in a terminal and a scheduler's SIGTERM reach the whole process group: the controller
     # alone decides how a run stops (it checkpoints first, then stops its workers), so they ignore both.

@@ -22,6 +22,7 @@ class Launch:
     kind: str                 # cpu | gpu
     slot: int
     log_path: str | None = None
+    keys: dict[str, str] | None = None   # the run's CURVE keys when its sockets are secured (security.py)
 
     @property
     def label(self) -> str:

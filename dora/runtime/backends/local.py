@@ -10,6 +10,7 @@ faster than tcp loopback (benchmarks/channel.py --transport; docs/benchmarks.md)
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -71,6 +72,8 @@ class LocalBackend:
             self.ipc_dir = ipc_folder()
         for ln in launches:
             env = {**os.environ, **ln.env, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+            if ln.keys:
+                env["DORA_RUN_KEYS"] = json.dumps(ln.keys)   # readable by this user only (/proc/PID/environ)
             out = open(ln.log_path, "ab") if ln.log_path else subprocess.DEVNULL
             cmd = [sys.executable, "-m", "dora.runtime.worker", "--control", ln.control, "--node", ln.node,
                    "--replica", str(ln.replica), "--host", self.host] + (["--ipc-dir", self.ipc_dir] if self.ipc_dir else [])
