@@ -57,7 +57,8 @@ class Map(Operator):
         name="tests.runtime_ops:Map", doc="tags rows with the replica that mapped them",
         inputs=(PortSpec("in", ("uid",)),), adds=("mapped_by",),
         params=_params(P("fail_mode", "str", "none", "none | raise | sigkill | sigstop | hang"), P("fail_at", "int", 2, "batch index"),
-                       P("delay_s", "float", 0.0, "sleep per batch")),
+                       P("delay_s", "float", 0.0, "sleep per batch"),
+                       P("fail_once", "bool", False, "fail only the first time (a respawn then runs clean)")),
         impl="tests.runtime_ops:Map",
     )
 
@@ -67,7 +68,10 @@ class Map(Operator):
 
     def process(self, batch, port):
         p = self.ctx.params
-        if self.ctx.replica == 0 and self.seen == p["fail_at"]:
+        once = os.path.join(self.ctx.run_dir or ".", f"{self.ctx.label}.failed")
+        if self.ctx.replica == 0 and self.seen == p["fail_at"] and not (p["fail_once"] and os.path.exists(once)):
+            if p["fail_once"]:
+                open(once, "w").close()   # a respawned replica must not fail again
             mode = p["fail_mode"]
             if mode == "raise":
                 raise RuntimeError(f"test failure in {self.ctx.label} at batch {self.seen}")

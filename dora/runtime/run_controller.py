@@ -73,6 +73,7 @@ class _W:
     last_hb: float = 0.0
     rejected: int = 0
     stalled_s: float = 0.0      # from heartbeats: inside one op call this long without progress
+    error: tuple[str, str | None] | None = None   # (what, traceback) the op raised
     where: str = "?"            # the op method it is in
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -86,12 +87,16 @@ class Controller:
                  seed: int = 0, deadline_s: float | None = None, hb_interval: float = 0.25, hb_timeout: float = 5.0,
                  start_timeout_s: float = START_TIMEOUT_S, stall_timeout_s: float = STALL_TIMEOUT_S,
                  backend_options: dict[str, Any] | None = None, resolved: Resolved | None = None,
-                 restores: dict[str, dict[str, Any]] | None = None, secure: bool | None = None):
+                 restores: dict[str, dict[str, Any]] | None = None, secure: bool | None = None,
+                 max_restarts: int = 0):
         self.graph, self.driver, self.seed, self.deadline_s = graph, driver, seed, deadline_s
         # the settings every replica gets (params filled and derived, async after the mode's rules)
         self.resolved = resolved or resolve(graph)
         self.restores = restores or {}   # replica label -> its part of the checkpoint a resumed run starts from
         self.secure = secure             # CURVE on every socket (None: when the backend spans machines)
+        self.max_restarts = max_restarts   # respawns per replica, for the nodes the driver calls respawnable
+        self.restarts: collections.Counter[str] = collections.Counter()
+        self.respawn_log: list[dict[str, Any]] = []   # {replica, why, seconds until it took work again}
         self.hb_interval, self.hb_timeout, self.start_timeout_s = hb_interval, hb_timeout, start_timeout_s
         self.stall_timeout_s = stall_timeout_s
         self.stop_requested: str | None = None   # set (e.g. by a signal handler) to end the run cleanly
@@ -214,6 +219,7 @@ class Controller:
         launches = [Launch(r.node, r.replica, self.ctrl_endpoint, r.env, r.pool, r.kind, r.slot,
                            os.path.join(self.run_dir, "logs", f"{r.node}-{r.replica}.log"), keys and keys.to_dict())
                     for r in self.plan.replicas]
+        self.launches = {ln.label: ln for ln in launches}   # kept: a respawn starts the same replica again
         self.backend.start(launches)
         now = time.monotonic()
         for w in self.workers.values():
@@ -242,7 +248,7 @@ class Controller:
         return {"kind": "config", "op": n.op, "params": self.resolved.params[w.node], "replicas": n.replicas,
                 "model": self.graph.model, "device": rp.device, "threads": rp.threads, "seed": self.seed,
                 "run_dir": self.run_dir, "async": self.resolved.async_.to_dict(), "hb_interval": self.hb_interval,
-                "restore": self.restores.get(w.label),
+                "restore": self.restores.get(w.label), "bind": w.endpoint,
                 "hb_timeout": max(30.0, 4 * self.hb_timeout)}
 
     def _wiring(self, node: str) -> dict[str, Any]:
@@ -250,11 +256,12 @@ class Controller:
         outputs = []
         for e in g.consumers(node):
             if e.label in self.managed:
-                eps, rt, gb = [self.inbox.endpoint], "round_robin", None
+                eps, rt, gb, who = [self.inbox.endpoint], "round_robin", None, [CONTROLLER]
             else:
-                eps = [self.workers[f"{e.dst}[{r}]"].endpoint for r in range(g.nodes[e.dst].replicas)]
+                who = [f"{e.dst}[{r}]" for r in range(g.nodes[e.dst].replicas)]
+                eps = [self.workers[label].endpoint for label in who]
                 rt, gb = e.routing, e.group_by
-            outputs.append({"edge": e.label, "endpoints": eps, "routing": rt, "group_by": gb,
+            outputs.append({"edge": e.label, "endpoints": eps, "consumers": who, "routing": rt, "group_by": gb,
                             "capacity": e.capacity, "capacity_bytes": e.capacity_bytes})
         inputs = []
         for e in g.producers(node):
@@ -300,12 +307,12 @@ class Controller:
         if kind == "hello":
             w.pid, w.state = msg.get("pid"), "configured"
             self._send_ctrl(w.label, self._config(w))
+            self.restores.pop(w.label, None)   # a checkpoint is restored once: a respawned replica starts clean
         elif kind == "ready":
             w.endpoint, w.state = msg["endpoint"], "ready"
         elif kind == "error":
-            if self.failure is None and not self.stopping:
-                self.failure = RunFailed(f"worker {w.label} (node {w.node!r}, replica {w.replica}) raised in {msg.get('where')}(): "
-                                         f"{msg.get('error')}", w.node, w.replica, msg.get("traceback"))
+            if w.error is None and not self.stopping:
+                w.error = (f"raised in {msg.get('where')}(): {msg.get('error')}", msg.get("traceback"))
         elif kind == "finished":
             w.state, w.stats = "finished", msg.get("stats") or {}
             w.rejected = int(w.stats.get("rejected", w.rejected))
@@ -323,22 +330,66 @@ class Controller:
             if not self.stopping:
                 w = self.workers[label]
                 tail = self.backend.log_tail(label) if hasattr(self.backend, "log_tail") else ""
-                self.failure = RunFailed(f"worker {label} (node {w.node!r}, replica {w.replica}) {why}"
-                                         + (f"\n--- last lines of its log ---\n{tail}" if tail else ""), w.node, w.replica)
-                raise self.failure
+                self._replica_failed(w, why + (f"\n--- last lines of its log ---\n{tail}" if tail else ""), exited=True)
         now = time.monotonic()
-        for w in self.workers.values():
+        for w in list(self.workers.values()):
+            if w.error is not None:
+                self._replica_failed(w, *w.error)
             # before the first heartbeat a worker is importing: the start deadline covers it
-            if w.state != "starting" and now - w.last_hb > self.hb_timeout:
-                self.failure = RunFailed(f"worker {w.label} (node {w.node!r}, replica {w.replica}, pid {w.pid}) missed heartbeats "
-                                         f"for {now - w.last_hb:.1f} s (hb_timeout {self.hb_timeout} s): frozen, stopped "
-                                         f"(SIGSTOP) or starved", w.node, w.replica)
+            elif w.state != "starting" and now - w.last_hb > self.hb_timeout:
+                self._replica_failed(w, f"(pid {w.pid}) missed heartbeats for {now - w.last_hb:.1f} s (hb_timeout "
+                                        f"{self.hb_timeout} s): frozen, stopped (SIGSTOP) or starved")
+            elif w.stalled_s > self.stall_timeout_s:
+                self._replica_failed(w, f"(pid {w.pid}) made no progress for {w.stalled_s:.0f} s inside {w.where}() "
+                                        f"(stall timeout {self.stall_timeout_s:.0f} s): the op hangs while its process lives")
+
+    def _replica_failed(self, w: _W, why: str, traceback: str | None = None, exited: bool = False) -> None:
+        """A replica died, raised, froze or stalled: respawn it when the driver allows and its restart
+        budget lasts (the driver reissues what it held), else fail the run naming it."""
+        d = self.driver
+        may = (d is not None and hasattr(d, "respawnable") and d.respawnable(w.node)
+               and self.restarts[w.label] < self.max_restarts and not self.stopping)
+        if not may:
+            budget = f" after {self.restarts[w.label]} respawn(s)" if self.restarts[w.label] else ""
+            self.failure = RunFailed(f"worker {w.label} (node {w.node!r}, replica {w.replica}) {why}{budget}",
+                                     w.node, w.replica, traceback)
+            raise self.failure
+        self._respawn(w, why, exited)
+
+    def _respawn(self, w: _W, why: str, exited: bool) -> None:
+        """Start replica w again where it was: same inbox endpoint, fresh connections to its neighbours.
+        The driver first reissues what the dead replica held (on_replica_lost)."""
+        label, t0 = w.label, time.monotonic()
+        self.restarts[label] += 1
+        if not exited:
+            self.backend.kill(label)   # a hung, stalled or failed process goes first
+        if hasattr(self.driver, "on_replica_lost"):
+            self.driver.on_replica_lost(w.node, w.replica, why)
+        fresh = _W(w.node, w.replica, last_hb=time.monotonic(), endpoint=w.endpoint)
+        self.workers[label] = fresh
+        self.backend.start([self.launches[label]])
+        deadline = t0 + self.start_timeout_s
+        while fresh.state != "ready":
+            if any(lb == label for lb, _ in self.backend.exited()) or time.monotonic() > deadline:
+                self.failure = RunFailed(f"worker {label} (node {w.node!r}, replica {w.replica}) {why}; its respawn "
+                                         f"did not come up within {self.start_timeout_s:.0f} s", w.node, w.replica)
                 raise self.failure
-            if w.stalled_s > self.stall_timeout_s:
-                self.failure = RunFailed(f"worker {w.label} (node {w.node!r}, replica {w.replica}, pid {w.pid}) made no progress "
-                                         f"for {w.stalled_s:.0f} s inside {w.where}() (stall timeout {self.stall_timeout_s:.0f} s): "
-                                         f"the op hangs while its process lives", w.node, w.replica)
-                raise self.failure
+            self._pump(50)
+        self._send_ctrl(label, self._wiring(w.node))
+        fresh.state = "running"
+        g = self.graph
+        neighbours = {e.src for e in g.producers(w.node)} | {e.dst for e in g.consumers(w.node)}
+        for other in self.workers.values():
+            if other.node in neighbours and other.label != label:
+                self._send_ctrl(other.label, {"kind": "peer_respawned", "label": label})
+        if self.inbox is not None:
+            self.inbox.reset_sender(label)
+        for (dst, _), out in getattr(self, "outs", {}).items():
+            if dst == w.node:
+                out.reset_consumer(w.replica)
+        self.respawn_log.append({"replica": label, "why": why.splitlines()[0], "seconds": time.monotonic() - t0})
+        if hasattr(self.driver, "on_replica_respawned"):
+            self.driver.on_replica_respawned(w.node, w.replica)
 
     def _flush(self, out: OutEdge, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -172,6 +172,8 @@ class Worker:
             self.paused = False
         elif kind == "start":
             self.wire_up(msg)
+        elif kind == "peer_respawned":   # a replica next to this one was restarted (run controller)
+            self.peer_respawned(msg["label"])
         elif kind == "call":
             self.handle_call(msg, buffers)
 
@@ -243,11 +245,22 @@ class Worker:
         for i in msg["inputs"]:
             self.inbox.expect(i["edge"], i["port"], i["senders"], i["capacity"], i["capacity_bytes"])
         for o in msg["outputs"]:
-            self.outs.append(OutEdge(self.zctx, o["edge"], o["endpoints"], self.label, o["routing"], o.get("group_by"),
-                                     o["capacity"], o["capacity_bytes"]))
+            out = OutEdge(self.zctx, o["edge"], o["endpoints"], self.label, o["routing"], o.get("group_by"),
+                          o["capacity"], o["capacity_bytes"])
+            out.consumers = o["consumers"]   # replica labels, endpoint by endpoint
+            self.outs.append(out)
         if msg["is_source"]:
             self.source_iter = iter(self.op.source())
         self.state = "running"
+
+    def peer_respawned(self, label: str) -> None:
+        """Replica `label` was respawned: reset the connections this replica shares with it."""
+        for o in self.outs:
+            for r, ep in enumerate(o.endpoints):
+                if label == o.consumers[r]:
+                    o.reset_consumer(r)
+        if self.inbox is not None:
+            self.inbox.reset_sender(label)
 
     # ------------------------------------------------------------ data plane
 
@@ -349,7 +362,9 @@ class Worker:
         hb = Heartbeat(self.zctx, self.control_endpoint, self.label, cfg.get("hb_interval", 0.25), cfg.get("hb_timeout", 30.0), self)
         hb.start()
         try:
-            if self.ipc_dir:
+            if cfg.get("bind"):   # a respawned replica takes its predecessor's endpoint: producers reconnect to it
+                self.inbox = Inbox(self.zctx, endpoint=cfg["bind"])
+            elif self.ipc_dir:
                 self.inbox = Inbox(self.zctx, transport="ipc", ipc_path=ipc_socket_path(self.ipc_dir, self.node, self.replica))
             else:
                 self.inbox = Inbox(self.zctx, self.host)

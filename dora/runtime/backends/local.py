@@ -71,6 +71,7 @@ class LocalBackend:
         if self.transport == "ipc" and self.ipc_dir is None:
             self.ipc_dir = ipc_folder()
         for ln in launches:
+            self._reported.discard(ln.label)   # (a respawn starts a replica again under its label)
             env = {**os.environ, **ln.env, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
             if ln.keys:
                 env["DORA_RUN_KEYS"] = json.dumps(ln.keys)   # readable by this user only (/proc/PID/environ)
@@ -92,6 +93,17 @@ class LocalBackend:
             return ""
         with open(path, "rb") as f:
             return b"\n".join(f.read().splitlines()[-n:]).decode(errors="replace")
+
+    def kill(self, label: str) -> None:
+        """End one replica's process now (a respawn replaces a hung or failed one)."""
+        p = self.procs.get(label)
+        if p is not None and p.poll() is None:
+            p.kill()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self._reported.add(label)   # its exit is known, not news
 
     def exited(self) -> list[tuple[str, str]]:
         out = []

@@ -85,6 +85,7 @@ class RayBackend:
             self.groups.append(pg)
             per_slot = collections.Counter(ln.slot for ln in lns)
             for ln in lns:
+                self._reported.discard(ln.label)   # (a respawn starts a replica again under its label)
                 share = 1.0 / per_slot[ln.slot]
                 env = {k: v for k, v in ln.env.items() if not (gpu and k == "CUDA_VISIBLE_DEVICES")}  # Ray sets it for GPU actors
                 actor = Actor.options(
@@ -94,6 +95,16 @@ class RayBackend:
                 ).remote()
                 self.actors[ln.label] = actor
                 self.refs[actor.run.remote(ln.control, ln.node, ln.replica, self.worker_host, env, ln.keys)] = ln.label
+
+    def kill(self, label: str) -> None:
+        """End one replica's actor now (a respawn replaces a hung or failed one)."""
+        actor = self.actors.get(label)
+        if actor is not None:
+            try:
+                self.ray.kill(actor, no_restart=True)
+            except Exception:
+                pass
+        self.refs = {ref: lb for ref, lb in self.refs.items() if lb != label}
 
     def exited(self) -> list[tuple[str, str]]:
         if not self.refs:
