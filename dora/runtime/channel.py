@@ -41,6 +41,9 @@ def bind_router(ctx: zmq.Context, host: str = "127.0.0.1", transport: str = "tcp
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES + (1 << 16))
+    # a respawned worker connects under its predecessor's identity (node[r]) before the dead
+    # connection is noticed: the new one must take the identity over, or its messages go unnamed
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     security.server(sock)   # CURVE when the run's sockets leave the machine (no-op otherwise)
     if endpoint is not None:
         sock.bind(endpoint)

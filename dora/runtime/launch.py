@@ -252,7 +252,7 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
         _keep_earlier_trace(run_dir)
     ctrl = Controller(graph, backend=backend, driver=driver, run_dir=run_dir, seed=seed, deadline_s=deadline_s,
                       hb_timeout=hb_timeout, start_timeout_s=start_timeout_s, stall_timeout_s=stall_timeout_s,
-                      resolved=resolved, restores=restores)
+                      resolved=resolved, restores=restores, max_restarts=resolved.run.max_restarts)
     if driver is not None:
         driver.attach(ctrl)
     t0 = time.monotonic()

@@ -26,11 +26,13 @@ import pyarrow as pa
 from dora.graph.model import Graph
 from dora.graph.resolve import Resolved
 from dora.runtime.clock import RealClock
+from dora.runtime.errors import ReplicaLost
 from dora.runtime.rollout import (Finished, InstanceStats, Request, RequestState, RolloutConfig, RolloutController,
                                   TraceWriter)
 from dora.runtime import run_state
 from dora.runtime.wire import WithBuffers
 
+RESPAWNABLE_OPS = ("generate", "reward", "advantage", "filter", "reference")
 CALL_TIMEOUT_S = 120.0   # a weight load of a small model on a busy 2-core machine takes seconds, not minutes
 STOP_CHECKPOINT_S = 30.0  # a stopped run checkpoints within this, so the whole stop fits in a minute
 
@@ -82,9 +84,13 @@ class ReplicaInstance:
         self.name = f"{node}[{replica}]"
         self.version: int | None = 0    # every replica starts from the same seeded version-0 weights
 
-    @property
-    def _ctrl(self):
-        return self.driver.ctrl
+    def _call(self, method: str, args: dict[str, Any], buffers: list[Any] = ()) -> Any:
+        """A control call; None if the replica died first. The control code then goes on as if the call
+        had done nothing, and the driver reissues whatever the dead replica held (on_replica_lost)."""
+        try:
+            return self.driver.ctrl.call(self.node, self.replica, method, args, timeout=CALL_TIMEOUT_S, buffers=buffers)
+        except ReplicaLost:
+            return None
 
     def load_version(self, v: int) -> None:
         if v == self.version:
@@ -92,7 +98,7 @@ class ReplicaInstance:
         path = self.driver.weight_paths[v]
         clock = self.driver.clock
         t0 = clock.now()
-        self._ctrl.call(self.node, self.replica, "load_version", {"version": v, "path": path}, timeout=CALL_TIMEOUT_S)
+        self._call("load_version", {"version": v, "path": path})
         self.driver.trace.span("rollout", self.name, "load_weights", t0, clock.now(),
                                version=v)
         self.driver.weight_loads += 1
@@ -111,12 +117,12 @@ class ReplicaInstance:
         with pa.ipc.new_stream(sink, batch.schema) as writer:
             writer.write_batch(batch)
         # over the control channel, so it stays ordered with load_version / export / interrupt_all
-        self._ctrl.call(self.node, self.replica, "submit", {}, buffers=[sink.getvalue()], timeout=CALL_TIMEOUT_S)
+        self._call("submit", {}, buffers=[sink.getvalue()])
 
     def _states(self, result: Any) -> list[RequestState]:
         """Engine states (dora.ops.engines.engine.states_to_wire) as the control code's RequestStates;
         each keeps its own wire dict and raw KV frames as payload, ready for import elsewhere."""
-        value, buffers = (result.value, list(result.buffers)) if isinstance(result, WithBuffers) else (result, [])
+        value, buffers = (result.value, list(result.buffers)) if isinstance(result, WithBuffers) else (result or {}, [])
         out, at = [], 0
         for d, count in zip(value.get("states", []), value.get("frame_counts", [])):
             frames = buffers[at:at + count]
@@ -132,10 +138,10 @@ class ReplicaInstance:
         return out
 
     def export(self, uids: list[str]) -> list[RequestState]:
-        return self._states(self._ctrl.call(self.node, self.replica, "export", {"uids": list(uids)}, timeout=CALL_TIMEOUT_S))
+        return self._states(self._call("export", {"uids": list(uids)}))
 
     def interrupt_all(self) -> list[RequestState]:
-        return self._states(self._ctrl.call(self.node, self.replica, "interrupt_all", {}, timeout=CALL_TIMEOUT_S))
+        return self._states(self._call("interrupt_all", {}))
 
     def import_(self, states: list[RequestState]) -> None:
         if not states:
@@ -143,11 +149,10 @@ class ReplicaInstance:
         wire_states = [st.payload[0] for st in states]
         frames = [f for st in states for f in st.payload[1]]
         counts = [len(st.payload[1]) for st in states]
-        self._ctrl.call(self.node, self.replica, "import_", {"state": {"states": wire_states, "frame_counts": counts}},
-                        buffers=frames, timeout=CALL_TIMEOUT_S)
+        self._call("import_", {"state": {"states": wire_states, "frame_counts": counts}}, buffers=frames)
 
     def stats(self) -> InstanceStats:
-        s = self._ctrl.call(self.node, self.replica, "stats", {}, timeout=CALL_TIMEOUT_S)
+        s = self._call("stats", {}) or {}
         cap = max(1, int(s.get("kv_tokens_capacity") or 0))
         return InstanceStats(active=int(s.get("active", 0)), queued=int(s.get("queued", 0)), slots=self.slots,
                              kv_used_fraction=float(s.get("kv_tokens_used", 0)) / cap)
@@ -199,6 +204,9 @@ class RLDriver:
         self.restored_finished: list = []
         self.snapshot = None                         # taken at a checkpoint step's publish, written at its train_step
         self.checkpoints: list[str] = []
+        self.resolved_ops = {n: resolved.op_of(n) for n in self.graph.nodes}
+        self.respawns = self.reissued_requests = self.reissue_serial = 0
+        self.late_rows = 0                           # scored rows of a retired attempt, dropped on arrival
 
     # ------------------------------------------------------------ controller hooks
     def attach(self, ctrl) -> None:
@@ -220,7 +228,11 @@ class RLDriver:
             if self.scored_schema is None:
                 self.scored_schema = batch.schema
             for row in batch.to_pylist():
-                self.scored[str(row["uid"])] = row
+                uid = str(row["uid"])
+                if uid not in self.payloads:   # an attempt that was reissued (its replica died): not ours any more
+                    self.late_rows += 1
+                    continue
+                self.scored[uid] = row
         self._maybe_train()
 
     def on_event(self, node: str, replica: int, ev: dict[str, Any]) -> None:
@@ -305,6 +317,54 @@ class RLDriver:
             self.progress.status(f"no checkpoint at stop ({type(e).__name__}: {e}); the last one stands")
         self.stop_reason = f"stopped by {reason} after {self.steps_done} of {self.total_steps} steps"
 
+    # ------------------------------------------------------------ replicas that die (run controller)
+    def respawnable(self, node: str) -> bool:
+        """Ops that keep nothing across batches can be restarted: what they held is reissued."""
+        return self.resolved_ops.get(node) in RESPAWNABLE_OPS
+
+    def on_replica_lost(self, node: str, replica: int, why: str) -> None:
+        """Replica node[replica] died and a new process took its place (the run controller calls this
+        once it is up): reissue what the dead one held, whole groups, onto live replicas."""
+        self.progress.status(f"{node}[{replica}] lost ({why.splitlines()[0][:120]}); respawned, its work reissued")
+        self.respawns += 1
+        rc = self._rc()
+        if node == self.roles.generate:
+            name = f"{node}[{replica}]"
+            rc.manager.instances[name].version = 0   # the new process holds the seeded initial weights
+            gids, revoked = rc.instance_lost(name)   # (no dispatch lands on it until it loads the newest)
+        else:   # rows in its hands (or queued to it) are gone: every group not wholly scored goes again
+            gids = [g for g, uids in self.open_groups.items() if not all(u in self.scored for u in uids)
+                    and not (self.sent_batch and uids[0] in set(self.sent_batch["uids"]))]
+            revoked = rc.on_dropped([self.open_groups[g][0] for g in gids], reason="replica_lost")
+        if revoked:
+            self.pending_batch = None
+        self._reissue(gids)
+        if node == self.roles.generate:
+            rc.instance_restarted(f"{node}[{replica}]")
+
+    def _reissue(self, gids: list[str]) -> None:
+        """Dispatch these groups again, first, as new groups (new group id and uids: rows of the old
+        attempt still on their way are recognised and dropped), so C1 and C2 hold."""
+        for gid in gids:
+            uids = self.open_groups.pop(gid, None)
+            if not uids:
+                continue
+            self.reissue_serial += 1
+            new_gid = -self.reissue_serial          # dataset group ids are >= 0: these never collide
+            group = []
+            for i, u in enumerate(uids):
+                row = {**self.payloads.pop(u), "uid": f"{new_gid}-{i}", "group_id": new_gid, "policy_version": 0}
+                self.scored.pop(u, None)
+                self.payloads[row["uid"]] = row
+                group.append(Request(uid=row["uid"], group_id=str(new_gid), version=0,
+                                     prompt_tokens=len(row["prompt_ids"]), payload=row))
+            self.prompt_groups.appendleft(group)
+            self.reissued_groups.add(str(new_gid))
+            self.reissued_requests += len(group)
+        if gids and self.rc is not None:
+            self.rc.manager.exhausted = False
+            self.rc.tick()
+
     def restore(self, state: dict[str, Any], pending: pa.Table | None) -> None:
         """Start from a checkpoint (dora run --resume): see dora/runtime/run_state.py."""
         run_state.restore(self, state, pending)
@@ -320,6 +380,9 @@ class RLDriver:
             self.accounting["trained_before_resume"] = self.trained_before
             self.accounting["reissued_at_resume"] = self.reissued_at_resume
             self.accounting["trained_total"] = self.trained_before + self.accounting["trained"]
+            self.accounting["respawns"] = self.respawns
+            self.accounting["reissued_requests"] = self.reissued_requests
+            self.accounting["late_rows_dropped"] = self.late_rows
         return self.accounting
 
     # ------------------------------------------------------------ internals
@@ -409,6 +472,7 @@ class RLDriver:
             "response_len_median": lengths[len(lengths) // 2], "train_s": ev.get("seconds"),
             "wall_s": now,
             "wire_rejected": self.ctrl.rejected(),
+            "respawns": self.respawns, "reissued_requests": self.reissued_requests,
             "weight_sync_s": self.weight_sync.get(version, (None, None))[0],
             "weight_sync_bytes": self.weight_sync.get(version, (None, None))[1],
         }

@@ -42,7 +42,7 @@ from dora.runtime import security, wire
 from dora.runtime.allocator import tune_malloc
 from dora.runtime.backends import Launch, get_backend
 from dora.runtime.channel import Delivery, Inbox, OutEdge, bind_router
-from dora.runtime.errors import CallError, RunFailed, WireError
+from dora.runtime.errors import CallError, ReplicaLost, RunFailed, WireError
 from dora.runtime.placement import Plan, plan as make_plan
 from dora.runtime.security import RunKeys
 
@@ -74,6 +74,8 @@ class _W:
     rejected: int = 0
     stalled_s: float = 0.0      # from heartbeats: inside one op call this long without progress
     error: tuple[str, str | None] | None = None   # (what, traceback) the op raised
+    lost: str | None = None     # why it is being replaced (respawn pending or under way)
+    lost_exited: bool = False
     where: str = "?"            # the op method it is in
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -96,6 +98,7 @@ class Controller:
         self.secure = secure             # CURVE on every socket (None: when the backend spans machines)
         self.max_restarts = max_restarts   # respawns per replica, for the nodes the driver calls respawnable
         self.restarts: collections.Counter[str] = collections.Counter()
+        self._call_depth = 0   # inside call(): a lost replica is only marked; the loop respawns it
         self.respawn_log: list[dict[str, Any]] = []   # {replica, why, seconds until it took work again}
         self.hb_interval, self.hb_timeout, self.start_timeout_s = hb_interval, hb_timeout, start_timeout_s
         self.stall_timeout_s = stall_timeout_s
@@ -137,17 +140,26 @@ class Controller:
         """Invoke a control method on one replica (op.call, or the worker built-ins ping/stats/pause/resume).
 
         Returns the op's result (a wire.WithBuffers when it sent raw buffers); raises CallError
-        if the op raised, RunFailed if the run failed meanwhile, TimeoutError after `timeout`.
+        if the op raised, ReplicaLost if the replica died first (it will be respawned once no call
+        is in progress), RunFailed if the run failed meanwhile, TimeoutError after `timeout`.
         """
         w = self._worker(node, replica)
+        if w.lost is not None:
+            raise ReplicaLost(w.label, w.lost)
         cid = next(self.ids)
         self._send_ctrl(w.label, {"kind": "call", "id": cid, "method": method, "args": args or {}}, buffers)
         deadline = time.monotonic() + timeout
-        while cid not in self.replies:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{w.label}.{method}() got no reply within {timeout} s")
-            self._pump(20)
-            self._check_health()
+        self._call_depth += 1
+        try:
+            while cid not in self.replies:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{w.label}.{method}() got no reply within {timeout} s")
+                self._pump(20)
+                self._check_health()
+                if w.lost is not None:
+                    raise ReplicaLost(w.label, w.lost)
+        finally:
+            self._call_depth -= 1
         msg, bufs = self.replies.pop(cid)
         if not msg.get("ok"):
             raise CallError(node, replica, method, msg.get("error", "?"), msg.get("traceback"))
@@ -333,6 +345,8 @@ class Controller:
                 self._replica_failed(w, why + (f"\n--- last lines of its log ---\n{tail}" if tail else ""), exited=True)
         now = time.monotonic()
         for w in list(self.workers.values()):
+            if w.lost is not None:
+                continue
             if w.error is not None:
                 self._replica_failed(w, *w.error)
             # before the first heartbeat a worker is importing: the start deadline covers it
@@ -342,6 +356,9 @@ class Controller:
             elif w.stalled_s > self.stall_timeout_s:
                 self._replica_failed(w, f"(pid {w.pid}) made no progress for {w.stalled_s:.0f} s inside {w.where}() "
                                         f"(stall timeout {self.stall_timeout_s:.0f} s): the op hangs while its process lives")
+        if self._call_depth == 0:   # never from inside a call: the driver's state must not change under it
+            for w in [w for w in self.workers.values() if w.lost is not None]:
+                self._respawn(w, w.lost, w.lost_exited)
 
     def _replica_failed(self, w: _W, why: str, traceback: str | None = None, exited: bool = False) -> None:
         """A replica died, raised, froze or stalled: respawn it when the driver allows and its restart
@@ -354,17 +371,15 @@ class Controller:
             self.failure = RunFailed(f"worker {w.label} (node {w.node!r}, replica {w.replica}) {why}{budget}",
                                      w.node, w.replica, traceback)
             raise self.failure
-        self._respawn(w, why, exited)
+        w.lost, w.lost_exited = why, exited   # respawned by _check_health once no call is in progress
 
     def _respawn(self, w: _W, why: str, exited: bool) -> None:
-        """Start replica w again where it was: same inbox endpoint, fresh connections to its neighbours.
-        The driver first reissues what the dead replica held (on_replica_lost)."""
+        """Start replica w again where it was: same inbox endpoint, fresh connections to its neighbours;
+        then the driver reissues what the dead replica held (on_replica_lost), onto a live replica."""
         label, t0 = w.label, time.monotonic()
         self.restarts[label] += 1
         if not exited:
             self.backend.kill(label)   # a hung, stalled or failed process goes first
-        if hasattr(self.driver, "on_replica_lost"):
-            self.driver.on_replica_lost(w.node, w.replica, why)
         fresh = _W(w.node, w.replica, last_hb=time.monotonic(), endpoint=w.endpoint)
         self.workers[label] = fresh
         self.backend.start([self.launches[label]])
@@ -387,9 +402,9 @@ class Controller:
         for (dst, _), out in getattr(self, "outs", {}).items():
             if dst == w.node:
                 out.reset_consumer(w.replica)
+        if hasattr(self.driver, "on_replica_lost"):
+            self.driver.on_replica_lost(w.node, w.replica, why)
         self.respawn_log.append({"replica": label, "why": why.splitlines()[0], "seconds": time.monotonic() - t0})
-        if hasattr(self.driver, "on_replica_respawned"):
-            self.driver.on_replica_respawned(w.node, w.replica)
 
     def _flush(self, out: OutEdge, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from dora.runtime import checkpoint
+from dora.runtime.errors import ReplicaLost
 from dora.runtime.rollout import Request, Trajectory
 
 
@@ -43,7 +44,10 @@ def capture(driver, step: int) -> Snapshot:
     gen = driver.graph.nodes[driver.roles.generate]
     sampling = {}
     for r in range(gen.replicas):
-        got = driver.ctrl.call(gen.name, r, "snapshot", {}, timeout=60.0).get("sampling_state")
+        try:
+            got = driver.ctrl.call(gen.name, r, "snapshot", {}, timeout=60.0).get("sampling_state")
+        except ReplicaLost:   # dying: a resumed replica starts from its seed instead
+            got = None
         sampling[str(r)] = base64.b64encode(got).decode() if got else None
     state = {
         "step": step, "version": step, "consumed": list(driver.consumed), "sampling_states": sampling,
