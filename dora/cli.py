@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from typing import Sequence
 
@@ -103,6 +104,7 @@ def cmd_viz(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         return 0
     try:
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(text)
     except OSError as e:

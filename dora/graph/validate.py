@@ -13,6 +13,7 @@ from typing import Iterable
 import networkx as nx
 
 from dora.graph.diagnostics import Diagnostic, GraphError, error, errors_of, warning
+from dora.graph.loggers import validate_loggers
 from dora.graph.model import ASYNC_MODES, ROUTINGS, Graph
 from dora.graph.opspec import OpSpec, builtin_ops, did_you_mean, param_problems
 from dora.graph.schema import Schemas, propagate, resolve_all
@@ -44,6 +45,8 @@ def validate(g: Graph) -> list[Diagnostic]:
     _check_columns(g, schemas, diags)
     _check_weights(g, specs, diags)
     _check_async(g, schemas, diags)
+    # run: section (kept raw in g.extra["run"] for now): its loggers are checked here
+    diags += validate_loggers(g)
     return diags
 
 

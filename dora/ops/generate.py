@@ -177,6 +177,9 @@ class GenerateOp(Operator):
     def stats(self) -> dict[str, Any]:
         return self.engine.stats().to_dict()
 
+    def live_stats(self) -> dict[str, Any]:
+        return self.stats()
+
     def teardown(self) -> None:
         engine = getattr(self, "engine", None)
         if engine is not None:

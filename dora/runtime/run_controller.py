@@ -68,6 +68,9 @@ class _W:
     last_hb: float = 0.0
     rejected: int = 0
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+    live: dict[str, Any] | None = None   # the worker's latest live counters (see Worker.sample_live)
+    live_at: float = 0.0                 # when they last changed
+    in_op: bool = False                  # its last heartbeat came while it was inside an op method
 
     @property
     def label(self) -> str:
@@ -78,7 +81,7 @@ class Controller:
     def __init__(self, graph: Graph, backend: str = "local", driver: Any = None, run_dir: str | None = None,
                  seed: int = 0, deadline_s: float = 3600.0, hb_interval: float = 0.25, hb_timeout: float = 5.0,
                  start_timeout_s: float = 120.0, backend_options: dict[str, Any] | None = None,
-                 async_extra: dict[str, Any] | None = None):
+                 async_extra: dict[str, Any] | None = None, live_s: float = 0.5, monitor: Any = None):
         self.graph, self.driver, self.seed, self.deadline_s = graph, driver, seed, deadline_s
         # run-wide facts every op may need beside the graph's `async:` section (e.g. group_size)
         self.async_extra = dict(async_extra or {})
@@ -99,6 +102,10 @@ class Controller:
         self.stopping = False
         self.rejected_here = 0
         self.held: dict[str, collections.deque] = {}   # src node -> managed batches (and end-of-stream marks) not yet taken
+        # Workers sample live counters every live_s seconds (0 = off); `monitor.tick(controller)`
+        # is called from every wait of this thread (it keeps its own pace: the run dashboard's
+        # RunState rebuilds its snapshot once a second)
+        self.live_s, self.monitor = live_s, monitor
 
     # ------------------------------------------------------------ public API
 
@@ -216,7 +223,7 @@ class Controller:
         return {"kind": "config", "op": n.op, "params": n.params, "replicas": n.replicas, "model": self.graph.model,
                 "device": rp.device, "threads": rp.threads, "seed": self.seed, "run_dir": self.run_dir,
                 "async_cfg": dataclasses.asdict(self.graph.async_) | {"loc": None} | self.async_extra, "hb_interval": self.hb_interval,
-                "hb_timeout": max(30.0, 4 * self.hb_timeout)}
+                "hb_timeout": max(30.0, 4 * self.hb_timeout), "live_s": self.live_s}
 
     def _wiring(self, node: str) -> dict[str, Any]:
         g = self.graph
@@ -240,6 +247,8 @@ class Controller:
 
     def _pump(self, timeout_ms: int) -> None:
         """Handle every control message waiting (waiting up to timeout_ms for the first)."""
+        if self.monitor is not None:
+            self.monitor.tick(self)
         if not self.ctrl.poll(timeout_ms):
             return
         while True:
@@ -262,6 +271,9 @@ class Controller:
             if w is not None:
                 w.last_hb = time.monotonic()
                 w.rejected = int(msg.get("rejected") or 0)
+                w.in_op = bool(msg.get("busy"))
+                if isinstance(msg.get("live"), dict):
+                    w.live, w.live_at = msg["live"], w.last_hb
                 self.ctrl.send_multipart([ident.encode(), b"ack"])
             return
         w = self.workers.get(ident)

@@ -102,9 +102,16 @@ class Heartbeat(threading.Thread):
 
     def run(self) -> None:
         last_ack = time.monotonic()
+        sent_live = None
         while not self.halt.is_set():
             inbox = self.worker.inbox
-            self.sock.send(wire.encode_control({"kind": "hb", "rejected": inbox.rejected if inbox else 0})[0])
+            msg = {"kind": "hb", "rejected": inbox.rejected if inbox else 0}
+            live = self.worker.live          # replaced, never mutated, by the main thread
+            if live is not sent_live:        # only what changed: an idle worker's beat stays this small
+                msg["live"] = sent_live = live
+            if self.worker.in_op:            # inside an op method now (a long training step, a load)
+                msg["busy"] = 1
+            self.sock.send(wire.encode_control(msg)[0])
             if self.sock.poll(int(self.interval * 1000)):
                 while self.sock.poll(0):
                     self.sock.recv()
@@ -137,6 +144,13 @@ class Worker:
         self.stopping = False
         self.rejects_reported = 0
         self.where = "start"   # the op method running now, for error messages
+        # live counters for the dashboard, sampled by the main thread every live_s seconds and
+        # sent by the heartbeat thread when they changed (0 = off)
+        self.live: dict[str, Any] | None = None
+        self.live_s = 0.0
+        self.live_due = 0.0
+        self.work = 0          # units of work done (step() that did something)
+        self.in_op = False     # the main thread is inside step() or a control call
 
     # ------------------------------------------------------------ control plane
 
@@ -164,6 +178,7 @@ class Worker:
 
     def handle_call(self, msg: dict[str, Any], buffers: list[memoryview]) -> None:
         method, args, cid = msg.get("method"), msg.get("args") or {}, msg.get("id")
+        self.in_op = True
         try:
             op_methods = getattr(self.op, "control_methods", ())
             if method in BUILTIN_CALLS and method not in op_methods:  # an op's own method wins
@@ -182,6 +197,8 @@ class Worker:
         except Exception as e:
             self.send_ctrl({"kind": "reply", "id": cid, "ok": False, "error": f"{type(e).__name__}: {e}",
                             "traceback": traceback.format_exc()})
+        finally:
+            self.in_op = False
 
     def poll_control(self, timeout_ms: int) -> None:
         if self.ctrl.poll(timeout_ms):
@@ -212,6 +229,7 @@ class Worker:
     def setup(self, cfg: dict[str, Any]) -> None:
         from dora.ops.base import OpContext
 
+        self.live_s = float(cfg.get("live_s") or 0.0)
         cls, params = resolve(cfg["op"], cfg.get("params") or {})
         if "torch" in sys.modules:  # only pay for torch if the op uses it
             sys.modules["torch"].set_num_threads(max(1, int(cfg.get("threads", 1))))
@@ -239,6 +257,22 @@ class Worker:
         return {"in": dict(self.inbox.stats) if self.inbox else {}, "rejected": self.inbox.rejected if self.inbox else 0,
                 "reject_samples": list(self.inbox.reject_samples) if self.inbox else [],
                 "out": {o.edge: dict(o.stats) for o in self.outs}}
+
+    def sample_live(self) -> None:
+        """Counters the controller turns into edge rates and replica state: per out edge
+        [batches, rows, bytes sent, batches unacknowledged or queued], work done, the op's own."""
+        self.live_due = time.monotonic() + self.live_s
+        op_stats = None
+        if self.op is not None and self.state != "failed":
+            try:
+                op_stats = self.op.live_stats()
+            except Exception as e:   # a dashboard figure must never stop the run
+                op_stats = {"error": f"{type(e).__name__}: {e}"}
+        live = {"out": {o.edge: [o.stats["batches"], o.stats["rows"], o.stats["bytes"], sum(o.inflight_n) + len(o.queue)]
+                        for o in self.outs},
+                "work": self.work, "op": op_stats}
+        if live != self.live:
+            self.live = live
 
     def emit(self, batches: Iterable[Any] | None) -> None:
         for b in batches or ():
@@ -326,10 +360,17 @@ class Worker:
             busy = False
             if self.paused or self.state in ("failed", "finished", "init", "ready") or self.stopping:
                 continue
+            self.in_op = True
             try:
                 busy = self.step()
             except Exception as e:
                 self.fail(self.where, e)
+            finally:
+                self.in_op = False
+            if busy:
+                self.work += 1
+            if self.live_s and time.monotonic() >= self.live_due:
+                self.sample_live()
 
     def run(self) -> int:
         self.send_ctrl({"kind": "hello", "pid": os.getpid(), "host": self.host})
