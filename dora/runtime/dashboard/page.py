@@ -107,9 +107,15 @@ function drawFigure(s) {
   const live = fig.querySelector('#live');
   if (!live) return;
   while (live.firstChild) live.removeChild(live.firstChild);
+  // a live run shows rates now; a finished one its totals and the mean over its wall time
+  const over = s.run.status !== 'running' && s.run.status !== 'starting', T = s.run.elapsed_s;
+  const per = x => (x === null || x === undefined || !(T > 0)) ? null : x / T;
   for (const e of s.edges) {
     const lines = e.kind === 'weights'
       ? ['v' + num(e.last_version, 0) + ' latest \u00b7 ' + num(e.versions, 0) + ' published \u00b7 ' + num(e.loads, 0) + ' loads']
+      : over
+      ? [num(e.batches, 0) + ' batches \u00b7 ' + num(e.rows, 0) + ' rows \u00b7 ' + num(e.bytes === null ? null : e.bytes / 1e6) + ' MB',
+         'mean ' + num(per(e.batches)) + ' batch/s \u00b7 ' + num(per(e.rows)) + ' rows/s']
       : [num(e.batches_per_s) + ' batch/s \u00b7 ' + num(e.rows_per_s) + ' rows/s',
          num(e.mb_per_s) + ' MB/s \u00b7 queued ' + num(e.queued, 0) + '/' + num(e.window, 0)];
     const t = svgEl('text', {'class': 'rate', 'data-edge': e.id, x: e.anchor[0], y: e.anchor[1], 'font-size': 10,
@@ -224,7 +230,7 @@ function drawCurves(s) {
     const pts = series.map(([k]) => steps.filter(p => p[k] !== null && p[k] !== undefined && isFinite(p[k])).map(p => [p.step, p[k]]));
     const all = pts.flat();
     if (!all.length) {
-      svg.appendChild(svgEl('text', {x: W / 2, y: H / 2, 'text-anchor': 'middle', fill: '#999'}, 'no steps yet'));
+      svg.appendChild(svgEl('text', {x: W / 2, y: H / 2, 'text-anchor': 'middle', fill: '#999'}, 'no data'));
     } else {
       let x0 = Math.min(...all.map(p => p[0])), x1 = Math.max(...all.map(p => p[0]));
       let y0 = Math.min(0, ...all.map(p => p[1])), y1 = Math.max(...all.map(p => p[1]));
@@ -280,5 +286,5 @@ poll();
 
 def page_html() -> str:
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>dora dashboard</title>'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,">'
             f"<style>{CSS}</style></head>\n<body>{BODY}<script>{JS % {'poll_ms': POLL_MS}}</script>\n</body></html>\n")
