@@ -186,7 +186,8 @@ function drawTimeline(s) {
       const d = n < 0 ? 'M' + (x - 4) + ',' + yb + ' L' + (x + 4) + ',' + yb + ' L' + x + ',' + (yb - 7) + ' Z'
                       : 'M' + (x - 4) + ',' + (yb - 7) + ' L' + (x + 4) + ',' + (yb - 7) + ' L' + x + ',' + yb + ' Z';
       const p = svgEl('path', {'class': 'mig', d: d, fill: '#666'});
-      p.appendChild(svgEl('title', {}, row.name + ': ' + Math.abs(n) + ' v' + v + ' requests migrated ' + (n < 0 ? 'to ' : 'from ') + peers.join(', ') + ' at ' + num(t, 1) + ' s'));
+      p.appendChild(svgEl('title', {}, row.name + (n < 0 ? ': ' + (-n) + ' v' + v + ' requests migrated out to ' + peers.join(', ')
+        : ': took in requests of a migration of ' + n + ' v' + v + ' requests from ' + peers.join(', ')) + ' at ' + num(t, 1) + ' s'));
       svg.appendChild(p);
     }
   });

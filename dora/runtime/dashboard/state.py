@@ -124,6 +124,7 @@ class RunState:
         self.graph, self.run_dir, self.driver, self.metrics = graph, run_dir, driver, metrics
         self.total_steps, self.write_file = total_steps, write_file
         self.fig = figure(graph)
+        self.edge_of = {e.label: e for e in graph.edges}
         self.t0 = time.monotonic()
         self.started_at = time.time()
         self.rates = Rates(self.t0)
@@ -195,10 +196,13 @@ class RunState:
         for fe in self.fig["edges"]:
             e = dict(fe)
             if fe["kind"] == "data":
-                edge = next(x for x in g.edges if x.label == fe["id"])
+                edge = self.edge_of[fe["id"]]
                 tot, rate, queued = [0, 0, 0], [0.0, 0.0, 0.0], 0
                 for w in by_node.get(edge.src, []):
                     c = ((w.live or {}).get("out") or {}).get(edge.label)
+                    final = (w.stats.get("out") or {}).get(edge.label) if w.state == "finished" else None
+                    if isinstance(final, dict):   # a finished replica reported its exact totals
+                        c = [final.get("batches", 0), final.get("rows", 0), final.get("bytes", 0), 0]
                     if isinstance(c, list) and len(c) == 4:
                         tot = [a + int(b or 0) for a, b in zip(tot, c[:3])]
                         queued += int(c[3] or 0)

@@ -53,6 +53,8 @@ class Timeline:
             elif name.startswith("migrate") and args.get("src"):
                 n = int(args.get("requests") or 0)
                 dests = [str(d) for d in args.get("dests") or []]
+                # out: -requests on the source row; in: +requests of the whole migration on each
+                # destination (the trace does not split it per destination)
                 _push(self._row(str(args["src"]))["migrations"], [t, v, -n, dests])
                 for d in dests:
                     _push(self._row(d)["migrations"], [t, v, n, [str(args["src"])]])
