@@ -48,6 +48,8 @@ class LiveDashboard:
 
     def close(self, ctrl: Any, ok: bool, error: str | None) -> None:
         """The final snapshot (after the run's accounting), then the server stops."""
+        if self.server is not None:
+            self.state.server_cpu_s = self.server.httpd.cpu_s
         self.state.finish(ctrl, ok, error)
         if self.server is not None:
             self.server.close()

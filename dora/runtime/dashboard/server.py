@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import http.server
 import threading
+import time
 from typing import Callable
 
 from dora.runtime.dashboard.page import page_html
@@ -22,6 +23,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     server: "_Server"
 
     def do_GET(self) -> None:   # noqa: N802 (http.server's name)
+        t = time.thread_time()
+        try:
+            self._get()
+        finally:
+            with self.server.lock:
+                self.server.cpu_s += time.thread_time() - t
+                self.server.requests += 1
+
+    def _get(self) -> None:
         path = self.path.split("?", 1)[0]
         if path in ("/", "/index.html"):
             self._send(200, "text/html; charset=utf-8", self.server.page)
@@ -54,6 +64,8 @@ class _Server(http.server.ThreadingHTTPServer):
     def __init__(self, addr, state: Callable[[], bytes]):
         self.state = state
         self.page = page_html().encode()
+        self.lock = threading.Lock()
+        self.cpu_s, self.requests = 0.0, 0     # CPU time spent answering, for the overhead benchmark
         super().__init__(addr, _Handler)
 
 
