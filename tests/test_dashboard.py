@@ -187,3 +187,10 @@ def test_the_page_needs_no_network():
     for pattern in (r'src\s*=\s*"https?:', r'href\s*=\s*"https?:', r"@import", r"url\(\s*['\"]?https?:", r"fetch\(\s*['\"]https?:"):
         assert not re.search(pattern, html), pattern
     assert "fetch('api/state'" in html    # its one request: relative, to the server that served it
+
+
+def test_viz_output_gets_its_missing_folders(tmp_path):
+    for ext in ("html", "svg", "mmd"):
+        out = tmp_path / "not" / "yet" / f"q.{ext}"
+        p = _cli("viz", str(PIPELINES / "quickstart.yaml"), "-o", str(out))
+        assert p.returncode == 0 and out.stat().st_size > 100, p.stderr
