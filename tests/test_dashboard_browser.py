@@ -33,11 +33,15 @@ def _start_run(out) -> tuple[subprocess.Popen, str]:
            "nodes.train.params.steps=16", "async.train_batch=32", "async.rollout_batch=48", *SHORT,
            "--out", str(out), "--quiet", "--deadline", "400", "--dashboard", "0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=str(ROOT), env=env)
-    line = proc.stderr.readline()     # the first thing a --dashboard run prints is its URL
-    m = re.search(r"dashboard: (http://127\.0\.0\.1:\d+/)", line)
+    seen, m = [], None
+    for line in proc.stderr:           # the URL comes before the workers start (warnings may precede it)
+        seen.append(line)
+        m = re.search(r"dashboard: (http://127\.0\.0\.1:\d+/)", line)
+        if m or len(seen) > 50:
+            break
     if not m:
         proc.kill()
-        raise AssertionError(f"no dashboard URL from dora run: {line}{proc.stderr.read()}")
+        raise AssertionError(f"no dashboard URL from dora run: {''.join(seen)}")
     proc.err_lines = []   # drained on a thread: a full pipe would stall the run
     threading.Thread(target=lambda: proc.err_lines.extend(proc.stderr), daemon=True).start()
     return proc, m.group(1)

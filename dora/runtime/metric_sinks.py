@@ -62,7 +62,10 @@ class WandbSink:
         self.run.log({k: v for k, v in scalars(record).items() if k != "step"}, step=int(record["step"]))
 
     def close(self) -> None:
+        import wandb
+
         self.run.finish()
+        wandb.teardown()   # stops W&B's service process now, not at interpreter exit
 
 
 SINKS = {"tensorboard": TensorBoardSink, "wandb": WandbSink}
