@@ -56,15 +56,23 @@ def check_loggers(value: Any, loc: SourceLoc | None = None) -> list[Diagnostic]:
     return diags
 
 
+def _declared(g: Graph) -> tuple[bool, Any]:
+    """(given?, value) of `run.loggers`: a typed run section's field, else the raw `run:` mapping."""
+    typed = getattr(g, "run", None)
+    if typed is not None and hasattr(typed, "loggers"):
+        return True, typed.loggers
+    raw = g.extra.get("run") if isinstance(getattr(g, "extra", None), dict) else None
+    if isinstance(raw, dict) and "loggers" in raw:
+        return True, raw["loggers"]
+    return False, None
+
+
 def loggers_of(g: Graph) -> list[str]:
     """The loggers a validated graph asks for (jsonl always first)."""
-    run = g.extra.get("run") if isinstance(g.extra.get("run"), dict) else {}
-    names = run.get("loggers") or list(DEFAULT_LOGGERS)
-    return list(dict.fromkeys(["jsonl", *names]))
+    _, names = _declared(g)
+    return list(dict.fromkeys(["jsonl", *(names or DEFAULT_LOGGERS)]))
 
 
 def validate_loggers(g: Graph) -> list[Diagnostic]:
-    run = g.extra.get("run")
-    if not isinstance(run, dict) or "loggers" not in run:
-        return []
-    return check_loggers(run["loggers"], g.loc_of("run.loggers"))
+    given, value = _declared(g)
+    return check_loggers(value, g.loc_of("run.loggers")) if given else []
