@@ -68,7 +68,7 @@ const STATE_COLOURS = {running:'#3a8a3a', waiting:'#c9a227', starting:'#c8741f',
 const vcol = v => PALETTE[((v %% PALETTE.length) + PALETTE.length) %% PALETTE.length];
 const $ = id => document.getElementById(id);
 const esc = s => String(s).replace(/[&<>"]/g, c => ({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;'}[c]));
-let drawnSvg = null, updates = 0, lastUpdate = null;
+let drawnSvg = null, updates = 0, lastUpdate = null, stateTime = null, stateStatus = null;
 
 function num(x, d) {
   if (x === null || x === undefined || !isFinite(x)) return '\u2013';
@@ -260,11 +260,16 @@ function drawCurves(s) {
 function render(s) {
   drawHeader(s); drawFigure(s); drawReplicas(s); drawTimeline(s); drawCurves(s);
   updates += 1; lastUpdate = Date.now();
+  stateTime = s.run.updated_at ? s.run.updated_at * 1000 : null; stateStatus = s.run.status;
   document.body.dataset.updates = updates;
 }
 
 function tickAge() {
-  $('age').textContent = lastUpdate === null ? '' : 'updated ' + ((Date.now() - lastUpdate) / 1000).toFixed(1) + ' s ago';
+  let t = lastUpdate === null ? '' : 'updated ' + ((Date.now() - lastUpdate) / 1000).toFixed(1) + ' s ago';
+  // a run that stopped writing its state (killed) still says "running": say how old the state is
+  const old = stateTime === null ? 0 : (Date.now() - stateTime) / 1000;
+  if ((stateStatus === 'running' || stateStatus === 'starting') && old > 10) t += ' \u00b7 the run last wrote its state ' + num(old, 0) + ' s ago';
+  $('age').textContent = t;
 }
 
 async function poll() {
