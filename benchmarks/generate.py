@@ -85,6 +85,7 @@ def main() -> None:
     if a.json:
         meta = {"torch": torch.__version__, "threads": a.threads, "prompt_len": a.prompt_len,
                 "new_tokens": a.new_tokens, "repeats": a.repeats}
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=2)
 

@@ -1,4 +1,4 @@
-"""The `dora` command: validate, draw and list pipelines; dispatch run and simulate.
+"""The `dora` command: validate, draw and list pipelines; dispatch run, simulate, dashboard and plot.
 
 Exit codes: 0 ok, 1 failure, 2 bad input (config, graph, arguments). Bad input never
 ends in a traceback: it is reported as `file:line: error: ...` lines.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from typing import Sequence
 
@@ -20,7 +21,9 @@ examples:
   dora validate pipelines/quickstart.yaml nodes.rollout.replicas=4 async.mode=dora
   dora viz pipelines/grpo.yaml -o grpo.html          # also .svg, .dot, .mmd
   dora ops                                           # every op: ports, columns, params
-  dora run pipelines/quickstart.yaml --out runs/quickstart
+  dora run pipelines/quickstart.yaml --out runs/quickstart [--dashboard]
+  dora dashboard runs/quickstart                     # the run's page again, on 127.0.0.1
+  dora plot runs/a runs/b -o compare.png             # reward, tokens/s, staleness, versions live
   dora simulate --help
 """
 
@@ -28,6 +31,8 @@ examples:
 DISPATCH = {
     "run": ("dora.runtime.launch", "run_main"),
     "simulate": ("dora.sim.simulate_cli", "simulate_main"),
+    "dashboard": ("dora.runtime.dashboard.run_files", "dashboard_main"),
+    "plot": ("dora.runtime.plot_runs", "plot_main"),
 }
 
 
@@ -103,6 +108,7 @@ def cmd_viz(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         return 0
     try:
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(text)
     except OSError as e:

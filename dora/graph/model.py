@@ -99,6 +99,8 @@ class RunConfig:
     save_every: int = setting(10, "checkpoint the whole run state every N training steps (and at the end; "
                               "0 = only at the end)", min=0)
     keep_checkpoints: int = setting(2, "newest complete checkpoints kept in RUN_DIR/checkpoints", min=1)
+    loggers: list[str] = setting(["jsonl"], "where step metrics go besides metrics.jsonl (always written): jsonl, "
+                                 "tensorboard (RUN_DIR/tb), wandb (offline, RUN_DIR/wandb)")
     max_restarts: int = setting(3, "respawns allowed per generate / reward / advantage replica before the run fails",
                                 min=0)
     loc: SourceLoc = dataclasses.field(default_factory=SourceLoc, compare=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from dora.graph.model import Edge, Graph
+from dora.graph.sections import section_specs
 
 
 def _edge(port: str, e: Edge) -> str:
@@ -44,6 +45,6 @@ def format_graph(g: Graph) -> str:
     if g.weights:
         lines.append(" weights:")
         lines += _table([(f"%{w.src}", "->", f"%{w.dst}") for w in g.weights])
-    lines.append(f" async: {_section(g.async_, ('mode', 'max_staleness', 'rollout_batch', 'train_batch'))}")
-    lines.append(f" run: {_section(g.run, ('seed', 'out', 'save_every', 'keep_checkpoints', 'max_restarts'))}")
+    lines.append(f" async: {_section(g.async_, tuple(section_specs(type(g.async_))))}")
+    lines.append(f" run: {_section(g.run, tuple(section_specs(type(g.run))))}")
     return "\n".join(lines)

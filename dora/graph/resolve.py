@@ -19,6 +19,7 @@ import dataclasses
 from typing import Any
 
 from dora.graph.diagnostics import Diagnostic, GraphError, error, errors_of
+from dora.graph.loggers import validate_loggers
 from dora.graph.model import Graph, RunConfig
 from dora.graph.opspec import OpSpec, fill_params, import_object, param_problems
 from dora.graph.sections import AsyncSettings, ModeError, resolve_async, section_specs
@@ -71,6 +72,7 @@ def settings_problems(g: Graph, specs: dict[str, OpSpec | None]) -> list[Diagnos
             where = (f"nodes.{datasets[0]}.params.group_size" if e.key == "group_size" and datasets
                      else f"async.{e.key}" if e.key != "group_size" else "async")
             diags.append(error(f"async: {e}", g.loc_of(where)))
+    diags += validate_loggers(g)
     diags += _model_problems(g)
     diags += _broadcast_problems(g, specs, params)
     return diags

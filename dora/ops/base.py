@@ -11,6 +11,9 @@ A worker (one per node replica, in a process or a Ray actor) owns one Operator a
     op.finish() -> batches              after end-of-stream on every input (flush buffers)
     op.call(method, args) -> result     a control request from the controller, only for names in
                                         `control_methods` (load_version, export, import, stats, ...)
+    op.live_stats() -> dict | None      cheap counters for the run dashboard (version hosted,
+                                        running requests, KV use, tokens generated), read by the
+                                        worker's own thread about twice a second
     op.teardown()
 
 Returned batches go to the node's output port "out". Everything on the wire is an Arrow
@@ -92,6 +95,9 @@ class Operator:
         if method not in self.control_methods:
             raise ValueError(f"{type(self).__name__} has no control method {method!r}; it has {list(self.control_methods)}")
         return getattr(self, method)(**args)
+
+    def live_stats(self) -> dict[str, Any] | None:
+        return None
 
     def teardown(self) -> None:
         pass

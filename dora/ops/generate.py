@@ -178,6 +178,9 @@ class GenerateOp(Operator):
         """This replica's part of a run checkpoint: the sampler's RNG state (None if the engine has none)."""
         return {"sampling_state": self.engine.sampling_state()}
 
+    def live_stats(self) -> dict[str, Any]:
+        return self.stats()
+
     def teardown(self) -> None:
         engine = getattr(self, "engine", None)
         if engine is not None:

@@ -299,6 +299,9 @@ class UpdateOp(Operator):
             ledger.close()
 
     # ------------------------------------------------------------------ control
+    def live_stats(self) -> dict:
+        return {"version": self.version, "step": self.step}
+
     def stats(self) -> dict:
         return {"step": self.step, "version": self.version, "done": self.done, "train_batch": self.train_batch,
                 "buffered_rows": 0 if self.buffer is None else self.buffer.num_rows, "dropped_rows": self.dropped_rows}

@@ -1,9 +1,10 @@
-"""`dora run P.yaml [k=v ...] [--backend local|ray] [--out DIR] [--seed N] [--dry-run]`.
+"""`dora run P.yaml [k=v ...] [--backend local|ray] [--out DIR] [--seed N] [--dry-run] [--dashboard [PORT]]`.
 
 Loads and validates the pipeline (exit 2 on bad input, every error at once), plans placement,
 then runs it: RL graphs (dataset -> generate -> ... -> update) under the RLDriver, any other graph
 as plain streaming dataflow. Writes DIR/metrics.jsonl, DIR/summary.json, DIR/trace.json and
-checkpoints (DIR/checkpoints/step_N, loadable by transformers).
+checkpoints (DIR/checkpoints/step_N, loadable by transformers), DIR/state.json (the dashboard's
+data, dora/runtime/dashboard) and what `run.loggers` asks for (DIR/tb, DIR/wandb).
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ EXAMPLE = """example:
   dora run pipelines/quickstart.yaml --out runs/quickstart
   dora run pipelines/quickstart.yaml async.mode=dora async.max_staleness=2 --out runs/q-dora
   dora run pipelines/grpo.yaml --dry-run          # print the placement plan and exit
+  dora run pipelines/quickstart.yaml async.mode=dora --dashboard      # live page on 127.0.0.1
 """
 
 
 def _parser() -> argparse.ArgumentParser:
+    from dora.runtime.dashboard import live
     p = argparse.ArgumentParser(prog="dora run", description="Run a pipeline.", epilog=EXAMPLE,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("pipeline", nargs="?", help="pipeline YAML file (with --resume: the run's own pipeline.yaml)")
@@ -48,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--stall-timeout", type=_seconds, default=STALL_TIMEOUT_S,
                    help="fail a replica that stays inside one op call this long with no sign of progress "
                         f"(default {STALL_TIMEOUT_S:.0f})")
+    live.add_flag(p)
     p.add_argument("--hb-timeout", type=_seconds, default=30.0,
                    help="declare a worker dead after this many seconds without a heartbeat (generous: a 2-core "
                         "machine running torch in every worker can starve a heartbeat thread for seconds)")
@@ -79,9 +83,13 @@ def run_main(argv: list[str] | None = None) -> int:
     p = _parser()
     try:
         # intermixed: overrides may come after options (`dora run p.yaml --out d k=v`)
-        args = p.parse_intermixed_args(argv)
+        from dora.runtime.dashboard.live import bare_flag_first, check_port
+        args = p.parse_intermixed_args(bare_flag_first(sys.argv[1:] if argv is None else argv))
     except SystemExit as e:
         return 0 if e.code == 0 else 2
+    if check_port(args.dashboard):
+        print(f"dora run: {check_port(args.dashboard)}", file=sys.stderr)
+        return 2
     resume = None
     if args.resume:
         # the run's own pipeline; a positional argument is then an override like the rest
@@ -123,7 +131,8 @@ def run_main(argv: list[str] | None = None) -> int:
     os.makedirs(run_dir, exist_ok=True)
     return execute(graph, run_dir, backend=args.backend, seed=seed, quiet=args.quiet, deadline_s=args.deadline,
                    source=args.pipeline, hb_timeout=args.hb_timeout, resolved=resolved,
-                   start_timeout_s=args.start_timeout, stall_timeout_s=args.stall_timeout, resume=resume)
+                   start_timeout_s=args.start_timeout, stall_timeout_s=args.stall_timeout, resume=resume,
+                   dashboard_port=args.dashboard)
 
 
 def _holds_a_run(run_dir: str) -> bool:
@@ -207,13 +216,18 @@ class StopSignals:
 
 def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: bool = False,
             deadline_s: float | None = None, source: str | None = None, hb_timeout: float = 30.0, resolved=None,
-            start_timeout_s: float = START_TIMEOUT_S, stall_timeout_s: float = STALL_TIMEOUT_S, resume=None) -> int:
+            start_timeout_s: float = START_TIMEOUT_S, stall_timeout_s: float = STALL_TIMEOUT_S, resume=None,
+            dashboard_port: int | None = None, live_state: bool = True) -> int:
     """Run a validated graph; returns the exit code (0 finished, 1 failed, 143 / 130 preempted by
     SIGTERM / SIGINT). Shared by the CLI and benchmarks/modes.py. Whatever happens, summary.json and
-    trace.json are written and the run's shared memory is removed."""
+    trace.json are written and the run's shared memory is removed. live_state keeps RUN_DIR/state.json
+    current (False: no live counters at all, for the dashboard's overhead benchmark); dashboard_port
+    also serves it (0: any free port)."""
     from dora.graph.resolve import resolve
     from dora.graph.yaml_io import to_yaml
     from dora.runtime.errors import RunFailed
+    from dora.runtime.dashboard.live import LIVE_S, LiveDashboard
+    from dora.runtime.metric_sinks import open_for_run
     from dora.runtime.metrics import MetricsLog, summarize, write_summary
     from dora.runtime.progress import RunProgress
     from dora.runtime import run_state
@@ -240,7 +254,12 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
     if resume is not None and roles is None:
         print("dora run: --resume continues RL runs only (this graph has no dataset -> generate -> update)", file=sys.stderr)
         return 2
-    metrics = MetricsLog(run_dir, append=resume is not None)
+    a = resolved.async_
+    sinks = open_for_run(graph, run_dir, {"pipeline": source, "mode": a.mode, "max_staleness": a.max_staleness,
+                                          "train_batch": a.train_batch, "rollout_batch": a.rollout_batch, "seed": seed})
+    if sinks is None:
+        return 1
+    metrics = MetricsLog(run_dir, sinks, append=resume is not None)
     total = resolved.params[roles.update]["steps"] if roles else 0
     progress = RunProgress(total, graph.name, quiet=quiet)
     driver = RLDriver(resolved, roles, metrics, progress) if roles else None
@@ -250,9 +269,18 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
         driver.restore(state, pending)
         restores = run_state.replica_restores(state, roles, graph, folder)
         _keep_earlier_trace(run_dir)
+    dash = None
+    if live_state or dashboard_port is not None:
+        try:
+            dash = LiveDashboard(graph, run_dir, driver=driver, metrics=metrics, total_steps=total or None, port=dashboard_port)
+        except OSError as e:
+            print(f"dora run: --dashboard: cannot listen on 127.0.0.1:{dashboard_port}: {e.strerror or e}", file=sys.stderr)
+            metrics.close()
+            return 2
     ctrl = Controller(graph, backend=backend, driver=driver, run_dir=run_dir, seed=seed, deadline_s=deadline_s,
                       hb_timeout=hb_timeout, start_timeout_s=start_timeout_s, stall_timeout_s=stall_timeout_s,
-                      resolved=resolved, restores=restores, max_restarts=resolved.run.max_restarts)
+                      resolved=resolved, restores=restores, max_restarts=resolved.run.max_restarts,
+                      live_s=LIVE_S if dash else 0.0, monitor=dash.state if dash else None)
     if driver is not None:
         driver.attach(ctrl)
     t0 = time.monotonic()
@@ -293,6 +321,8 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
                 json.dump({"traceEvents": []}, fh)
     finally:
         write_summary(run_dir, summary)
+        if dash is not None:
+            dash.close(ctrl, ended == "finished", error)
     progress.summary_table(summary)
     if ended == "preempted":
         print(f"dora run: preempted ({summary['stop_reason']}); summary in {run_dir}", file=sys.stderr)

@@ -78,6 +78,9 @@ class _W:
     lost_exited: bool = False
     where: str = "?"            # the op method it is in
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+    live: dict[str, Any] | None = None   # the worker's latest live counters (see Worker.sample_live)
+    live_at: float = 0.0                 # when they last changed
+    in_op: bool = False                  # its last heartbeat came while it was inside an op method
 
     @property
     def label(self) -> str:
@@ -90,7 +93,7 @@ class Controller:
                  start_timeout_s: float = START_TIMEOUT_S, stall_timeout_s: float = STALL_TIMEOUT_S,
                  backend_options: dict[str, Any] | None = None, resolved: Resolved | None = None,
                  restores: dict[str, dict[str, Any]] | None = None, secure: bool | None = None,
-                 max_restarts: int = 0):
+                 max_restarts: int = 0, live_s: float = 0.5, monitor: Any = None):
         self.graph, self.driver, self.seed, self.deadline_s = graph, driver, seed, deadline_s
         # the settings every replica gets (params filled and derived, async after the mode's rules)
         self.resolved = resolved or resolve(graph)
@@ -119,6 +122,10 @@ class Controller:
         self.stopping = False
         self.rejected_here = 0
         self.held: dict[str, collections.deque] = {}   # src node -> managed batches (and end-of-stream marks) not yet taken
+        # Workers sample live counters every live_s seconds (0 = off); `monitor.tick(controller)`
+        # is called from every wait of this thread (it keeps its own pace: the run dashboard's
+        # RunState rebuilds its snapshot once a second)
+        self.live_s, self.monitor = live_s, monitor
 
     # ------------------------------------------------------------ public API
 
@@ -261,7 +268,7 @@ class Controller:
                 "model": self.graph.model, "device": rp.device, "threads": rp.threads, "seed": self.seed,
                 "run_dir": self.run_dir, "async": self.resolved.async_.to_dict(), "hb_interval": self.hb_interval,
                 "restore": self.restores.get(w.label), "bind": w.endpoint,
-                "hb_timeout": max(30.0, 4 * self.hb_timeout)}
+                "hb_timeout": max(30.0, 4 * self.hb_timeout), "live_s": self.live_s}
 
     def _wiring(self, node: str) -> dict[str, Any]:
         g = self.graph
@@ -286,6 +293,8 @@ class Controller:
 
     def _pump(self, timeout_ms: int) -> None:
         """Handle every control message waiting (waiting up to timeout_ms for the first)."""
+        if self.monitor is not None:
+            self.monitor.tick(self)
         if not self.ctrl.poll(timeout_ms):
             return
         while True:
@@ -309,6 +318,9 @@ class Controller:
                 w.last_hb = time.monotonic()
                 w.rejected = int(msg.get("rejected") or 0)
                 w.stalled_s, w.where = float(msg.get("stalled_s") or 0.0), str(msg.get("where") or "?")
+                w.in_op = bool(msg.get("busy"))
+                if isinstance(msg.get("live"), dict):
+                    w.live, w.live_at = msg["live"], w.last_hb
                 self.ctrl.send_multipart([ident.encode(), b"ack"])
             return
         w = self.workers.get(ident)

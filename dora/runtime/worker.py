@@ -92,11 +92,18 @@ class Heartbeat(threading.Thread):
 
     def run(self) -> None:
         last_ack = time.monotonic()
+        sent_live = None
         while not self.halt.is_set():
             inbox = self.worker.inbox
             # this thread beats even while the op hangs: the stall report says whether the main thread moves
-            self.sock.send(wire.encode_control({"kind": "hb", "rejected": inbox.rejected if inbox else 0,
-                                                "stalled_s": self.worker.stalled_s(), "where": self.worker.where})[0])
+            msg = {"kind": "hb", "rejected": inbox.rejected if inbox else 0,
+                   "stalled_s": self.worker.stalled_s(), "where": self.worker.where}
+            live = self.worker.live          # replaced, never mutated, by the main thread
+            if live is not sent_live:        # only what changed: an idle worker's beat stays this small
+                msg["live"] = sent_live = live
+            if self.worker.in_op_since is not None:   # inside an op method now (a long training step, a load)
+                msg["busy"] = 1
+            self.sock.send(wire.encode_control(msg)[0])
             if self.sock.poll(int(self.interval * 1000)):
                 while self.sock.poll(0):
                     self.sock.recv()
@@ -132,6 +139,12 @@ class Worker:
         self.where = "start"   # the op method running now, for error messages
         self.in_op_since: float | None = None   # inside op code since (None: in the worker's own loop)
         self.progress_at = time.monotonic()     # the last sign of work: an op call returned, or ctx.progress()
+        # live counters for the dashboard, sampled by the main thread every live_s seconds and
+        # sent by the heartbeat thread when they changed (0 = off)
+        self.live: dict[str, Any] | None = None
+        self.live_s = 0.0
+        self.live_due = 0.0
+        self.work = 0          # units of work done (step() that did something)
 
     # ------------------------------------------------------------ control plane
 
@@ -228,6 +241,7 @@ class Worker:
         from dora.graph.sections import AsyncSettings
         from dora.ops.base import OpContext
 
+        self.live_s = float(cfg.get("live_s") or 0.0)
         cls = op_class(cfg["op"])
         if "torch" in sys.modules:  # only pay for torch if the op uses it
             sys.modules["torch"].set_num_threads(max(1, int(cfg.get("threads", 1))))
@@ -268,6 +282,22 @@ class Worker:
         return {"in": dict(self.inbox.stats) if self.inbox else {}, "rejected": self.inbox.rejected if self.inbox else 0,
                 "reject_samples": list(self.inbox.reject_samples) if self.inbox else [],
                 "out": {o.edge: dict(o.stats) for o in self.outs}}
+
+    def sample_live(self) -> None:
+        """Counters the controller turns into edge rates and replica state: per out edge
+        [batches, rows, bytes sent, batches unacknowledged or queued], work done, the op's own."""
+        self.live_due = time.monotonic() + self.live_s
+        op_stats = None
+        if self.op is not None and self.state != "failed":
+            try:
+                op_stats = self.op.live_stats()
+            except Exception as e:   # a dashboard figure must never stop the run
+                op_stats = {"error": f"{type(e).__name__}: {e}"}
+        live = {"out": {o.edge: [o.stats["batches"], o.stats["rows"], o.stats["bytes"], sum(o.inflight_n) + len(o.queue)]
+                        for o in self.outs},
+                "work": self.work, "op": op_stats}
+        if live != self.live:
+            self.live = live
 
     def emit(self, batches: Iterable[Any] | None) -> None:
         for b in batches or ():
@@ -355,6 +385,10 @@ class Worker:
                 busy = self.step()
             except Exception as e:
                 self.fail(self.where, e)
+            if busy:
+                self.work += 1
+            if self.live_s and time.monotonic() >= self.live_due:
+                self.sample_live()
 
     def run(self) -> int:
         self.send_ctrl({"kind": "hello", "pid": os.getpid(), "host": self.host})
