@@ -372,8 +372,11 @@ class RLDriver:
 
     def finish(self) -> dict[str, Any]:
         """Account for every dispatched trajectory (called once the run is over)."""
-        if self.rc is not None and not self.accounting:
-            self.accounting = self.rc.finish()
+        if not self.accounting:
+            # (no rollout controller: the run ended before any dispatch, e.g. a resumed run already complete)
+            self.accounting = self.rc.finish() if self.rc is not None else {
+                k: 0 for k in ("dispatched", "trained", "in_training_at_end", "finished_untrained", "in_flight_at_end",
+                               "lost", "dropped", "c1_violations", "c2_violations", "c3_violations")}
             self.accounting["filtered"] = len(self.filtered_uids)
             self.accounting["reward_errors"] = self.reward_errors
             # a resumed run: this segment's identity holds on its own; these tie it to the earlier ones

@@ -86,6 +86,9 @@ def restore(driver, state: dict[str, Any], pending: pa.Table | None) -> None:
     """Put the driver where the checkpoint left it: steps, cursors, groups to dispatch again first,
     finished trajectories to train."""
     driver.initial_version = driver.steps_done = driver.batches_sent = int(state["step"])
+    if driver.steps_done >= driver.total_steps:   # it had finished: nothing left to train
+        driver._done = True
+        driver.stop_reason = f"already complete: {driver.steps_done} of {driver.total_steps} steps"
     driver.consumed = list(state["consumed"])
     driver.trained_before = int(state["trained_before"])
     for rows in reversed(state["reissue"]):
