@@ -308,6 +308,7 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
         summary["stop_reason"] = ctrl.stop_requested or "interrupted"
     if resume is not None:
         summary["resumed_from_step"] = int(resume[1]["step"])
+    summary["respawns"] = ctrl.respawn_log   # {replica, why, seconds until it took work again}
     try:
         if driver is not None:
             summary["accounting"] = driver.finish()
@@ -315,6 +316,7 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
             for key in ("c1_violations", "c2_violations", "c3_violations"):
                 summary[key] = max(summary.get(key, 0), summary["accounting"].get(key, 0))
             summary["weight_loads"] = driver.weight_loads
+            summary["checkpoints"] = driver.checkpoint_log
             driver.trace.write(os.path.join(run_dir, "trace.json"))
         else:
             with open(os.path.join(run_dir, "trace.json"), "w") as fh:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import time
 from typing import Any
 
@@ -204,6 +205,7 @@ class RLDriver:
         self.restored_finished: list = []
         self.snapshot = None                         # taken at a checkpoint step's publish, written at its train_step
         self.checkpoints: list[str] = []
+        self.checkpoint_log: list[dict[str, Any]] = []   # {step, seconds, bytes} of each checkpoint written
         self.resolved_ops = {n: resolved.op_of(n) for n in self.graph.nodes}
         self.respawns = self.reissued_requests = self.reissue_serial = 0
         self.late_rows = 0                           # scored rows of a retired attempt, dropped on arrival
@@ -311,8 +313,7 @@ class RLDriver:
             self.ctrl.deliver_events()   # the step it just finished, if any (written and maybe checkpointed)
             if self.steps_done > self.initial_version and self.sent_batch is None and (
                     not self.checkpoints or not self.checkpoints[-1].endswith(f"step_{self.steps_done}")):
-                self.checkpoints.append(run_state.commit(self, run_state.capture(self, self.steps_done),
-                                                         self.run_cfg.keep_checkpoints))
+                self._commit(run_state.capture(self, self.steps_done))
         except Exception as e:
             self.progress.status(f"no checkpoint at stop ({type(e).__name__}: {e}); the last one stands")
         self.stop_reason = f"stopped by {reason} after {self.steps_done} of {self.total_steps} steps"
@@ -492,7 +493,14 @@ class RLDriver:
             self.open_groups.pop(gid, None)
         if self.snapshot is not None and self.snapshot.step == version:
             snap, self.snapshot = self.snapshot, None
-            self.checkpoints.append(run_state.commit(self, snap, self.run_cfg.keep_checkpoints))
+            self._commit(snap)
+
+    def _commit(self, snap) -> None:
+        t0 = time.monotonic()
+        folder = run_state.commit(self, snap, self.run_cfg.keep_checkpoints)
+        size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder) for f in fs)
+        self.checkpoints.append(folder)
+        self.checkpoint_log.append({"step": snap.step, "seconds": round(time.monotonic() - t0, 3), "bytes": size})
 
     def _checkpoint_due(self, version: int) -> bool:
         every = self.run_cfg.save_every
