@@ -308,7 +308,7 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
         summary["stop_reason"] = ctrl.stop_requested or "interrupted"
     if resume is not None:
         summary["resumed_from_step"] = int(resume[1]["step"])
-    summary["respawns"] = ctrl.respawn_log   # {replica, why, seconds until it took work again}
+    summary["respawn_log"] = ctrl.respawn_log   # {replica, why, seconds until it took work again}
     try:
         if driver is not None:
             summary["accounting"] = driver.finish()
