@@ -391,19 +391,22 @@ class Controller:
         """Start replica w again where it was: same inbox endpoint, fresh connections to its neighbours;
         then the driver reissues what the dead replica held (on_replica_lost), onto a live replica."""
         label, t0 = w.label, time.monotonic()
-        self.restarts[label] += 1
         if not exited:
             self.backend.kill(label)   # a hung, stalled or failed process goes first
-        fresh = _W(w.node, w.replica, last_hb=time.monotonic(), endpoint=w.endpoint)
-        self.workers[label] = fresh
-        self.backend.start([self.launches[label]])
-        deadline = t0 + self.start_timeout_s
-        while fresh.state != "ready":
-            if any(lb == label for lb, _ in self.backend.exited()) or time.monotonic() > deadline:
+        while True:
+            self.restarts[label] += 1
+            # lost until the driver has heard of it: calls made meanwhile (driver hooks run while the
+            # control loop pumps) fail fast instead of reaching a process whose state nobody tracks
+            fresh = _W(w.node, w.replica, last_hb=time.monotonic(), endpoint=w.endpoint, lost=why)
+            self.workers[label] = fresh
+            self.backend.start([self.launches[label]])
+            problem = self._await_ready(fresh, time.monotonic() + self.start_timeout_s)
+            if problem is None:
+                break
+            if self.restarts[label] >= self.max_restarts:   # a replica that cannot start is not retried forever
                 self.failure = RunFailed(f"worker {label} (node {w.node!r}, replica {w.replica}) {why}; its respawn "
-                                         f"did not come up within {self.start_timeout_s:.0f} s", w.node, w.replica)
+                                         f"{problem} (after {self.restarts[label]} respawn(s))", w.node, w.replica)
                 raise self.failure
-            self._pump(50)
         self._send_ctrl(label, self._wiring(w.node))
         fresh.state = "running"
         g = self.graph
@@ -416,9 +419,24 @@ class Controller:
         for (dst, _), out in getattr(self, "outs", {}).items():
             if dst == w.node:
                 out.reset_consumer(w.replica)
+        fresh.lost = None
         if hasattr(self.driver, "on_replica_lost"):
             self.driver.on_replica_lost(w.node, w.replica, why)
         self.respawn_log.append({"replica": label, "why": why.splitlines()[0], "seconds": time.monotonic() - t0})
+
+    def _await_ready(self, fresh: _W, deadline: float) -> str | None:
+        """Wait for a respawned replica to report ready; what went wrong if it did not. Other replicas
+        that exit meanwhile are marked lost (their own respawn follows), never dropped."""
+        while fresh.state != "ready":
+            for lb, how in self.backend.exited():
+                if lb == fresh.label:
+                    return f"exited during start-up ({how})"
+                self._replica_failed(self.workers[lb], how, exited=True)
+            if time.monotonic() > deadline:
+                self.backend.kill(fresh.label)
+                return f"did not come up within {self.start_timeout_s:.0f} s"
+            self._pump(50)
+        return None
 
     def _flush(self, out: OutEdge, timeout: float) -> None:
         deadline = time.monotonic() + timeout
