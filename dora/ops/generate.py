@@ -185,6 +185,15 @@ def check_params(p: dict[str, Any]) -> list[tuple[str, str]]:
     return []
 
 
+def devices_problem(p: dict[str, Any], devices: int) -> str | None:
+    """A generate replica with devices > 1 is a tensor-parallel group: only vLLM shards a model so
+    (tensor_parallel_size = devices); the torch engine runs a replica on one device."""
+    if devices > 1 and p["engine"] != "vllm":
+        return (f"devices: {devices} asks for tensor parallelism, which engine {p['engine']!r} cannot do "
+                "(it runs a replica on one device); use engine: vllm, or devices: 1 and more replicas")
+    return None
+
+
 def stop_token_ids(stop: list[str], tokenizer, label: str) -> list[int]:
     """The `stop` param's strings as token ids: each must be exactly one token of the tokenizer."""
     ids = []
