@@ -4,21 +4,28 @@ A step (train_step) is taken as soon as the buffer can supply EXACTLY train_batc
 (ctx.async_.train_batch) made of whole prompt groups, groups taken oldest policy_version
 first (then arrival order); anything left waits for the next step. Per step:
 
-1. rows -> micro-batches whose padded prompt+response size fits micro_batch_tokens;
+1. the batch's rows are split across the trainer's ranks by tokens (one rank: all of them), and
+   each rank's rows -> micro-batches whose padded prompt+response size fits micro_batch_tokens;
 2. for each of ppo_epochs passes over the micro-batches: forward under the current weights,
    loss from dora.algos.losses (ratio vs the proximal policy, truncated IS vs the engine's
    behavior_logprobs, KL to ref_logprobs when kl_coef > 0 and the column is present, entropy
-   bonus), backward with batch-wide denominators, so accumulated gradients equal those of one
-   full-batch loss; then grad-norm clipping, the step's lr (warmup + cosine), one AdamW step.
-   old_logprobs (pi_prox) are the logprobs of pass 1, detached: the weights do not change
-   before pass 1's optimizer step, so they equal a separate no-grad pass and save a forward;
-3. version v -> v + 1: weights saved with dora.ops.weights.versions.save_version and reported as
-   {"kind": "weights", "version", "path", "bytes", "seconds"}; then
-   {"kind": "train_step", "step", "version", "uids", "metrics": {...}, "seconds"};
-4. checkpoint every save_every steps and at the last step; after `steps` steps,
+   bonus), backward with batch-wide denominators, so accumulated (and, across ranks, summed)
+   gradients equal those of one full-batch loss; then grad-norm clipping, the step's lr (warmup +
+   cosine), one AdamW step. old_logprobs (pi_prox) are the logprobs of pass 1, detached: the
+   weights do not change before pass 1's optimizer step, so they equal a separate no-grad pass;
+3. version v -> v + 1: the full weights (gathered to rank 0 when sharded) saved with
+   dora.ops.weights.versions.save_version and reported as {"kind": "weights", "version", "path",
+   "bytes", "seconds"}; then {"kind": "train_step", "step", "version", "uids", "metrics": {...,
+   "train_ranks"}, "seconds"};
+4. checkpoint every save_every steps and at the last step (dora.ops.weights.pretrained: a
+   transformers folder plus the sharded model and optimizer state); after `steps` steps,
    {"kind": "done", "step", "version"}; later input is counted and dropped.
 
-Every step also appends one line to <run_dir>/trained.jsonl: {"step", "version", "uids",
+`replicas: N` makes ONE trainer of N ranks (dora/ops/sharding): the model is sharded with FSDP2,
+rank 0 is the only replica wired to the data edge, chooses each batch, sends every other rank its
+rows and reports every event; ranks 1.. run the same step on their rows when rank 0 says so.
+
+Every step also appends one line to <run_dir>/trained.jsonl (rank 0): {"step", "version", "uids",
 "policy_versions"} (the version each trajectory was dispatched with), the trainer's own record
 of what it trained, so a run can be audited for lost, duplicated or too-stale trajectories.
 
@@ -45,14 +52,19 @@ import torch
 
 from dora.algos import losses
 from dora.algos.schedule import lr_at
-from dora.ops.weights import pretrained, versions as weights
 from dora.ops.base import OpContext, Operator
 from dora.ops.batching import collate, concat_rows, micro_batches, pad_lists, require_columns
 from dora.ops.logprobs import response_logprobs
+from dora.ops.sharding import rank_group
+from dora.ops.sharding.fsdp_model import ShardedModel
+from dora.ops.sharding.token_split import micro_batch_count, split_by_tokens
+from dora.ops.weights import pretrained, versions as weights
 from dora.ops.weights.broadcast import WeightBroadcaster
 
 NEEDS = ["uid", "prompt_ids", "response_ids", "behavior_logprobs", "advantages", "policy_version", "group_id"]
 OPTIONAL = ["reward", "ref_logprobs"]
+TRAIN_COLUMNS = ["prompt_ids", "response_ids", "behavior_logprobs", "advantages", "ref_logprobs"]  # what ranks 1.. get
+FOLLOWER_WAIT_S = 0.1   # ranks 1..: how long one poll waits for rank 0's next command
 
 ModelFactory = Callable[[dict, str, int], tuple[Any, Any]]
 
@@ -83,6 +95,19 @@ def default_model_factory(model_cfg: dict, device: str, seed: int):
     return load_policy(model_cfg, device, seed=seed)
 
 
+def table_bytes(table: pa.Table) -> bytes:
+    """Rows as one Arrow IPC stream (what rank 0 sends another rank)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def table_columns(data: bytes) -> dict[str, list]:
+    table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    return {c: table.column(c).to_pylist() for c in table.schema.names}
+
+
 class UpdateOp(Operator):
     control_methods = ("train_ready", "stats")
 
@@ -100,11 +125,16 @@ class UpdateOp(Operator):
             raise ValueError(f"{label}: update needs a run_dir for weights and checkpoints")
         # keep the versions the rollout window can still be loading, plus one being written
         self.keep_versions = ctx.async_.max_staleness + 2
+        self.group = rank_group.join(ctx)     # None: a trainer of one rank
+        self.leader = self.group is None or self.group.leader
+        self.ranks = 1 if self.group is None else self.group.world
         torch.manual_seed(ctx.seed)
-        self.model, self.tokenizer = self.model_factory(ctx.model, ctx.device, ctx.seed)
-        self.model.to(ctx.device)
-        self.model.train()
-        self.params = [q for q in self.model.parameters() if q.requires_grad]
+        model, self.tokenizer = self.model_factory(ctx.model, ctx.device, ctx.seed)
+        model.train()
+        self.sharded = ShardedModel(model, self.group, ctx.device, precision=p["precision"],
+                                    activation_checkpointing=p["activation_checkpointing"])
+        self.model = self.sharded.module
+        self.params = self.sharded.params()
         self.optimizer = torch.optim.AdamW(self.params, lr=p["lr"], weight_decay=p["weight_decay"])
         self.temperature = p["temperature"]   # null in the YAML: resolved to the generate node's
         self.pad_id = int(getattr(self.tokenizer, "pad_token_id", 0) or 0)
@@ -112,18 +142,21 @@ class UpdateOp(Operator):
         self.step = 0
         self.version = 0
         self.done = False
+        self.finished = False          # ranks 1..: rank 0 said the trainer is finished
         self.dropped_rows = 0
         self.last_saved_step = -1
-        os.makedirs(ctx.run_dir, exist_ok=True)
-        self.ledger = open(os.path.join(ctx.run_dir, "trained.jsonl"), "w", encoding="utf-8")
+        self.ledger = None
         self.broadcaster: WeightBroadcaster | None = None
         self.last_broadcast: dict[str, float] = {}
-        if p["weight_sync"] == "broadcast":
-            # blocks until every generate replica joined (or raises after the rendezvous deadline)
-            self.broadcaster = WeightBroadcaster(ctx.run_dir, p["broadcast_to"], ctx.device, label=label)
+        if self.leader:
+            os.makedirs(ctx.run_dir, exist_ok=True)
+            self.ledger = open(os.path.join(ctx.run_dir, "trained.jsonl"), "w", encoding="utf-8")
+            if p["weight_sync"] == "broadcast":
+                # blocks until every generate replica joined (or raises after the rendezvous deadline)
+                self.broadcaster = WeightBroadcaster(ctx.run_dir, p["broadcast_to"], ctx.device, label=label)
         self._publish(seconds_train=None)
 
-    # ------------------------------------------------------------------ data in
+    # ------------------------------------------------------------------ data in (rank 0)
     def process(self, batch: pa.RecordBatch, port: str) -> Iterable[pa.RecordBatch]:
         if self.done:
             self.dropped_rows += batch.num_rows
@@ -141,8 +174,12 @@ class UpdateOp(Operator):
 
     def finish(self) -> Iterable[pa.RecordBatch]:
         if self.step > 0 and self.last_saved_step != self.step:
-            pretrained.save_checkpoint(self.model, self.tokenizer, self.ctx.run_dir, self.step, {"version": self.version})
-            self.last_saved_step = self.step
+            if self.group is not None:
+                self.group.post("checkpoint", {})
+            self._checkpoint()
+        if self.group is not None and self.leader:
+            self.group.post("finish", {})
+            self.finished = True
         return ()
 
     def _select(self) -> list[int] | None:
@@ -179,8 +216,27 @@ class UpdateOp(Operator):
     def train_ready(self) -> bool:
         return not self.done and self._select() is not None
 
+    # ------------------------------------------------------------------ ranks 1..: rank 0's commands
+    def busy(self) -> bool:
+        return not self.leader and not self.finished
+
+    def poll(self) -> Iterable[pa.RecordBatch]:
+        cmd = self.group.next_command(FOLLOWER_WAIT_S)
+        if cmd is None:
+            return ()
+        if cmd.kind == "train":
+            self._run_step(table_columns(cmd.payload), cmd.header, time.perf_counter())
+        elif cmd.kind == "checkpoint":
+            self._checkpoint()
+        elif cmd.kind == "finish":
+            self.finished = True
+        else:
+            raise ValueError(f"{self.ctx.label}: unknown command {cmd.kind!r} from rank 0")
+        return ()
+
     # ------------------------------------------------------------------ training
     def _train_step(self, chosen: list[int]) -> None:
+        """Rank 0: take the chosen rows, send each rank its share, train on our own."""
         t0 = time.perf_counter()
         p = self.p
         rows = self.buffer.take(chosen)
@@ -197,94 +253,152 @@ class UpdateOp(Operator):
         if any(v is None for v in cols["policy_version"]):
             raise ValueError(f"{self.ctx.label}: null policy_version in trajectories "
                              f"{[u for u, v in zip(cols['uid'], cols['policy_version']) if v is None][:5]}")
-        use_ref = p["kl_coef"] > 0 and "ref_logprobs" in cols
-        total_tokens = float(sum(lengths))
-        total_seqs = float(sum(1 for n in lengths if n))
-        mbs = micro_batches([len(a) + len(b) for a, b in zip(prompts, resps)], p["micro_batch_tokens"])
+        tokens = [len(a) + len(b) for a, b in zip(prompts, resps)]
+        shards = split_by_tokens(tokens, self.ranks)
+        header = {
+            "lr": lr_at(self.step, lr=p["lr"], warmup_steps=p["warmup_steps"], total_steps=p["total_steps"],
+                        min_lr_ratio=p["min_lr_ratio"]),
+            "total_tokens": float(sum(lengths)), "total_seqs": float(sum(1 for n in lengths if n)),
+            "use_ref": p["kl_coef"] > 0 and "ref_logprobs" in cols,
+            "micro_batches": micro_batch_count(tokens, shards, p["micro_batch_tokens"]),
+        }
+        train_cols = [c for c in TRAIN_COLUMNS if c in cols]
+        if self.group is not None:
+            self.group.post("train", header, [table_bytes(rows.select(train_cols).take(s)) for s in shards[1:]])
+        mine = {c: [cols[c][i] for i in shards[0]] for c in train_cols}
+        self._run_step(mine, header, t0, batch=cols)
+
+    def _run_step(self, cols: dict[str, list], header: dict[str, Any], t0: float, batch: dict[str, list] | None = None) -> None:
+        """Every rank: one optimizer step on its rows (collectives inside), then the version's
+        publication and the checkpoint, in the same order on every rank. `batch`: rank 0's whole batch."""
+        p = self.p
+        metrics = self._forward_backward(cols, header)
+        seconds_train = time.perf_counter() - t0
+        self.step += 1
+        self.version += 1
+        if self.leader:
+            staleness = [self.version - 1 - v for v in batch["policy_version"]]
+            total_tokens = header["total_tokens"]
+            metrics.update({
+                "staleness_max": max(staleness), "staleness_mean": sum(staleness) / len(staleness),
+                "tokens": int(total_tokens), "trajectories": len(batch["uid"]),
+                "response_len_mean": total_tokens / len(batch["uid"]), "train_ranks": self.ranks,
+            })
+            if "reward" in batch and all(r is not None for r in batch["reward"]):
+                metrics["reward_mean"] = sum(batch["reward"]) / len(batch["reward"])
+            self.ledger.write(json.dumps({"step": self.step, "version": self.version, "uids": batch["uid"],
+                                          "policy_versions": batch["policy_version"]}) + "\n")
+            self.ledger.flush()   # before the step is announced: a reader that saw train_step finds its line
+        self._publish(seconds_train)
+        if self.leader:
+            metrics.update(self.last_broadcast)
+            self.ctx.report({"kind": "train_step", "node": self.ctx.node, "step": self.step, "version": self.version,
+                             "uids": batch["uid"], "metrics": metrics, "seconds": seconds_train})
+        save_every = p["save_every"]
+        if self.step >= p["steps"] or (save_every > 0 and self.step % save_every == 0):
+            self._checkpoint()
+        if self.step >= p["steps"]:
+            self.done = True
+            if self.leader:
+                self.ctx.report({"kind": "done", "node": self.ctx.node, "step": self.step, "version": self.version})
+
+    def _empty_pass(self) -> dict[str, list]:
+        """One row whose loss is exactly zero: a rank with fewer micro-batches than another runs
+        these, so every rank takes part in every parameter gather and gradient reduction."""
+        return {"prompt_ids": [[self.pad_id]], "response_ids": [[self.pad_id]], "behavior_logprobs": [[0.0]],
+                "advantages": [[0.0]], "ref_logprobs": [[0.0]]}
+
+    def _forward_backward(self, cols: dict[str, list], header: dict[str, Any]) -> dict[str, float]:
+        """The step's passes over this rank's rows and the optimizer step; metrics of the whole batch."""
+        p = self.p
+        prompts, resps = cols["prompt_ids"], cols["response_ids"]
+        mbs: list[Any] = micro_batches([len(a) + len(b) for a, b in zip(prompts, resps)], p["micro_batch_tokens"]) if prompts else []
+        if len(mbs) > header["micro_batches"]:
+            raise RuntimeError(f"{self.ctx.label}: {len(mbs)} micro-batches here, rank 0 planned {header['micro_batches']}")
+        mbs += [None] * (header["micro_batches"] - len(mbs))
         old: dict[int, torch.Tensor] = {}
         sums: dict[str, float] = {}
-        weight_sum = 0.0
-        loss_total = 0.0
-        lr = lr_at(self.step, lr=p["lr"], warmup_steps=p["warmup_steps"], total_steps=p["total_steps"],
-                   min_lr_ratio=p["min_lr_ratio"])
+        weight_sum = loss_total = 0.0
+        ratio_max = 0.0
         grad_norms: list[float] = []
         dev = self.ctx.device
+        lr = header["lr"]
+        kw = dict(agg=p["agg"], tis_cap=p["tis_cap"], entropy_coef=p["entropy_coef"], total_tokens=header["total_tokens"],
+                  total_seqs=header["total_seqs"], **self.loss_params)
         for epoch in range(p["ppo_epochs"]):
             self.optimizer.zero_grad(set_to_none=True)
             for k, mb in enumerate(mbs):
-                pb = collate([prompts[i] for i in mb], [resps[i] for i in mb], self.pad_id).to(dev)
+                rows = self._empty_pass() if mb is None else {c: [v[i] for i in mb] for c, v in cols.items()}
+                pb = collate(rows["prompt_ids"], rows["response_ids"], self.pad_id).to(dev)
+                if mb is None:
+                    pb.response_mask.zero_()
                 T = pb.response_ids.shape[1]
-                logp, ent = response_logprobs(self.model, pb, temperature=self.temperature, with_entropy=True,
-                                              entropy_grad=p["entropy_coef"] != 0)
+                with self.sharded.compute():
+                    logp, ent = response_logprobs(self.model, pb, temperature=self.temperature, with_entropy=True,
+                                                  entropy_grad=p["entropy_coef"] != 0)
                 if epoch == 0:
                     old[k] = logp.detach()
                 extra = {}
-                if use_ref:
-                    extra = {"ref_logprobs": pad_lists([cols["ref_logprobs"][i] for i in mb], T).to(dev),
-                             "kl_coef": p["kl_coef"], "kl_estimator": p["kl_estimator"]}
+                if header["use_ref"]:
+                    extra = {"ref_logprobs": pad_lists(rows["ref_logprobs"], T).to(dev), "kl_coef": p["kl_coef"],
+                             "kl_estimator": p["kl_estimator"]}
                 loss, m = losses.compute(
-                    p["loss"], logprobs=logp, old_logprobs=old[k],
-                    advantages=pad_lists([cols["advantages"][i] for i in mb], T).to(dev), mask=pb.response_mask,
-                    agg=p["agg"], behavior_logprobs=pad_lists([cols["behavior_logprobs"][i] for i in mb], T).to(dev),
-                    tis_cap=p["tis_cap"], entropy=ent, entropy_coef=p["entropy_coef"],
-                    total_tokens=total_tokens, total_seqs=total_seqs, **extra, **self.loss_params)
+                    p["loss"], logprobs=logp, old_logprobs=old[k], advantages=pad_lists(rows["advantages"], T).to(dev),
+                    mask=pb.response_mask, behavior_logprobs=pad_lists(rows["behavior_logprobs"], T).to(dev),
+                    entropy=ent, **kw, **extra)
                 loss.backward()
                 loss_total += m["loss"]
                 w = m["tokens"]
                 weight_sum += w
+                ratio_max = max(ratio_max, m.get("ratio_max", 0.0))
                 for key, val in m.items():
-                    if key not in ("loss", "pg_loss", "tokens"):
-                        sums[key] = max(sums.get(key, 0.0), val) if key == "ratio_max" else sums.get(key, 0.0) + val * w
+                    if key not in ("loss", "pg_loss", "tokens", "ratio_max"):
+                        sums[key] = sums.get(key, 0.0) + val * w
             clip = p["grad_clip"] if p["grad_clip"] and p["grad_clip"] > 0 else float("inf")
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
+            grad_norm = self.sharded.clip_grad_norm_(clip)   # of the whole model: the same on every rank
             grad_norms.append(grad_norm)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             if math.isfinite(grad_norm):
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        seconds_train = time.perf_counter() - t0
-
-        staleness = [self.version - v for v in cols["policy_version"]]
-        metrics = {key: (val if key == "ratio_max" else val / max(weight_sum, 1.0)) for key, val in sums.items()}
+        keys = sorted(sums)
+        if self.group is not None:   # the whole batch's sums: every rank has the same keys (same loss config)
+            loss_total, weight_sum, *vals = self.group.sum([loss_total, weight_sum] + [sums[k] for k in keys])
+            sums = dict(zip(keys, vals))
+            ratio_max = self.group.max([ratio_max])[0]
+        metrics = {key: val / max(weight_sum, 1.0) for key, val in sums.items()}
         metrics.update({
-            "loss": loss_total / p["ppo_epochs"], "lr": lr,
+            "loss": loss_total / p["ppo_epochs"], "lr": lr, "ratio_max": ratio_max,
             "grad_norm": sum(grad_norms) / len(grad_norms),  # before clipping, mean over ppo_epochs
-            "staleness_max": max(staleness), "staleness_mean": sum(staleness) / len(staleness),
-            "tokens": int(total_tokens), "trajectories": len(chosen), "micro_batches": len(mbs),
-            "response_len_mean": total_tokens / len(chosen),
+            "micro_batches": header["micro_batches"],
             "skipped_nonfinite_grad": sum(not math.isfinite(g) for g in grad_norms),
         })
-        if "reward" in cols and all(r is not None for r in cols["reward"]):
-            metrics["reward_mean"] = sum(cols["reward"]) / len(cols["reward"])
-        self.step += 1
-        self.version += 1
-        self.ledger.write(json.dumps({"step": self.step, "version": self.version, "uids": cols["uid"],
-                                      "policy_versions": cols["policy_version"]}) + "\n")
-        self.ledger.flush()   # before the step is announced: a reader that saw train_step finds its line
-        self._publish(seconds_train)
-        metrics.update(self.last_broadcast)
-        self.ctx.report({"kind": "train_step", "node": self.ctx.node, "step": self.step, "version": self.version,
-                         "uids": cols["uid"], "metrics": metrics, "seconds": seconds_train})
-        save_every = p["save_every"]
-        if self.step >= p["steps"] or (save_every > 0 and self.step % save_every == 0):
-            pretrained.save_checkpoint(self.model, self.tokenizer, self.ctx.run_dir, self.step, {"version": self.version})
-            self.last_saved_step = self.step
-        if self.step >= p["steps"]:
-            self.done = True
-            self.ctx.report({"kind": "done", "node": self.ctx.node, "step": self.step, "version": self.version})
+        return metrics
 
     def _publish(self, seconds_train: float | None) -> None:
+        """Every rank (the weights are gathered); rank 0 writes the version and reports it."""
         t0 = time.perf_counter()
-        path, nbytes = weights.save_version(self.model.state_dict(), self.ctx.run_dir, self.version)
+        state = self.sharded.full_state_dict()
+        if not self.leader:
+            return
+        gathered = time.perf_counter() - t0
+        path, nbytes = weights.save_version(state, self.ctx.run_dir, self.version)
         weights.prune_versions(self.ctx.run_dir, self.keep_versions)
         event = {"kind": "weights", "node": self.ctx.node, "version": self.version, "path": path,
-                 "bytes": nbytes, "seconds": time.perf_counter() - t0}
+                 "bytes": nbytes, "seconds": time.perf_counter() - t0, "gather_s": gathered}
         if self.broadcaster is not None:
-            seconds, sent = self.broadcaster.broadcast(self.version, self.model.state_dict())
+            seconds, sent = self.broadcaster.broadcast(self.version, state)
             self.last_broadcast = {"broadcast_s": seconds, "broadcast_bytes": sent}
             event.update(self.last_broadcast)
         self.ctx.report(event)
+
+    def _checkpoint(self) -> None:
+        """Every rank: the checkpoint of this step (collective); rank 0 names it."""
+        pretrained.save_training_checkpoint(self.sharded, self.optimizer, self.tokenizer, self.ctx.run_dir, self.step,
+                                            {"version": self.version, "ranks": self.ranks,
+                                             "precision": self.p["precision"]})
+        self.last_saved_step = self.step
 
     def teardown(self) -> None:
         broadcaster = getattr(self, "broadcaster", None)
@@ -293,8 +407,17 @@ class UpdateOp(Operator):
         ledger = getattr(self, "ledger", None)
         if ledger is not None and not ledger.closed:
             ledger.close()
+        group = getattr(self, "group", None)
+        if group is not None:
+            if group.leader and not self.finished:
+                try:   # let ranks 1.. leave their wait (a run stopped without end-of-stream)
+                    group.post("finish", {})
+                except Exception:
+                    pass
+            group.close()
 
     # ------------------------------------------------------------------ control
     def stats(self) -> dict:
         return {"step": self.step, "version": self.version, "done": self.done, "train_batch": self.train_batch,
-                "buffered_rows": 0 if self.buffer is None else self.buffer.num_rows, "dropped_rows": self.dropped_rows}
+                "buffered_rows": 0 if self.buffer is None else self.buffer.num_rows, "dropped_rows": self.dropped_rows,
+                "train_ranks": self.ranks, **self.sharded.local_bytes(self.optimizer)}

@@ -219,8 +219,8 @@ class Worker:
         # params arrive resolved (dora.graph.resolve): filled, checked and derived once, by the controller
         ctx = OpContext(node=self.node, op=cfg["op"], replica=self.replica, replicas=cfg["replicas"], params=cfg["params"],
                         model=cfg["model"], device=cfg["device"], threads=cfg["threads"], seed=cfg["seed"],
-                        run_dir=cfg["run_dir"], async_=AsyncSettings(**cfg["async"]),
-                        report=lambda event: self.send_ctrl({"kind": "event", "event": event}))
+                        run_dir=cfg["run_dir"], async_=AsyncSettings(**cfg["async"]), devices=cfg["devices"],
+                        rendezvous=cfg["rendezvous"], report=lambda event: self.send_ctrl({"kind": "event", "event": event}))
         self.op.setup(ctx)
 
     def wire_up(self, msg: dict[str, Any]) -> None:

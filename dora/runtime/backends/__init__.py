@@ -22,6 +22,7 @@ class Launch:
     kind: str                 # cpu | gpu
     slot: int
     log_path: str | None = None
+    devices: int = 1          # devices this replica holds (one Ray bundle of that many, on one node)
 
     @property
     def label(self) -> str:
