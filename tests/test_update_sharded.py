@@ -58,32 +58,22 @@ def to_batch(d: dict[str, list]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([pa.array(v, COLUMNS[k]) for k, v in d.items()], names=list(d))
 
 
-def train(op, rank: int, batches: list[dict]) -> dict:
-    """Feed rank 0 the batches (the others follow its commands); rank 0's events and stats."""
-    if rank == 0:
-        for b in batches:
-            op.process(to_batch(b), "batch")
-        op.finish()
-    else:
-        while op.busy():
-            op.poll()
-    stats = op.stats()
-    op.teardown()
-    return {"stats": stats}
+def feed(op, batches: list[dict]) -> None:
+    for b in batches:
+        op.process(to_batch(b), "batch")
 
 
-def rank_main(rank: int, world: int, rendezvous: dict, on_rendezvous, run_dir: str, batches: list[dict]) -> dict:
+def rank_main(env, run_dir: str, batches: list[dict]) -> dict:
     from dora.ops.update import UpdateOp
 
     events: list[dict] = []
-
-    def report(e: dict) -> None:
-        (on_rendezvous if e["kind"] == "rendezvous" else events.append)(e)
-
     op = UpdateOp()
-    op.setup(op_context("update", {**PARAMS, "activation_checkpointing": True}, model=TINY, run_dir=run_dir,
-                        async_=ASYNC, report=report, replica=rank, replicas=world, rendezvous=rendezvous))
-    return {**train(op, rank, batches), "events": events}
+    op.setup(env.context("update", {**PARAMS, "activation_checkpointing": True}, events, model=TINY, run_dir=run_dir,
+                         async_=ASYNC))
+    env.drive(op, lambda: feed(op, batches))
+    stats = op.stats()
+    op.teardown()
+    return {"stats": stats, "events": events}
 
 
 def published(events: list[dict]) -> dict[str, torch.Tensor]:
@@ -104,7 +94,10 @@ def test_two_ranks_train_exactly_like_one(tmp_path):
     events: list[dict] = []
     one = UpdateOp()
     one.setup(op_context("update", PARAMS, model=TINY, run_dir=str(tmp_path / "one"), async_=ASYNC, report=events.append))
-    solo = train(one, 0, batches)
+    feed(one, batches)
+    one.finish()
+    solo = {"stats": one.stats()}
+    one.teardown()
     two = run_ranks(rank_main, 2, str(tmp_path / "two"), batches)
     lead, follower = two
 
@@ -144,3 +137,74 @@ def test_two_ranks_train_exactly_like_one(tmp_path):
     assert [r["step"] for r in ledger] == [1, 2, 3] and not os.path.exists(os.path.join(tmp_path, "two", "checkpoints", "step_3.tmp"))
     weights.cleanup(str(tmp_path / "one"))
     weights.cleanup(str(tmp_path / "two"))
+
+
+# ------------------------------------------------------------------ reference and critic of 2 ranks
+
+REF_BATCHES = [([[5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15]], [[20, 21], [22, 23, 24, 25, 26], [27], [28, 29, 30]]),
+               ([[31, 32], [33, 34, 35]], [[36], [37, 38, 39, 40]])]
+
+
+def trajectories(prompts, resps, rewards=None) -> pa.RecordBatch:
+    cols = {"uid": [f"u{i}" for i in range(len(prompts))], "prompt_ids": prompts, "response_ids": resps,
+            "reward": rewards or [float(len(r) % 2) for r in resps]}
+    return pa.RecordBatch.from_arrays([pa.array(v, COLUMNS[k]) for k, v in cols.items()], names=list(cols))
+
+
+def run_reference_and_critic(make_ctx, drive) -> dict:
+    """The reference's logprobs and the critic's values and step metrics over REF_BATCHES."""
+    from dora.ops.critic import CriticOp
+    from dora.ops.reference import ReferenceOp
+
+    out: dict = {"events": []}
+    ref = ReferenceOp()
+    ref.setup(make_ctx("reference", {"micro_batch_tokens": 8}, out["events"]))
+    out["ref"] = drive(ref, lambda: [ref.process(trajectories(*b), "trajectories")[0].column("ref_logprobs").to_pylist()
+                                     for b in REF_BATCHES])
+    ref.teardown()
+    critic = CriticOp()
+    critic.setup(make_ctx("critic", {"lr": 3e-3, "micro_batch_tokens": 8, "value_clip": 10.0}, out["events"]))
+
+    def feed_critic():
+        values = []
+        for _ in range(2):   # second pass: values after one step of training
+            for b in REF_BATCHES:
+                values.append(critic.process(trajectories(*b), "trajectories")[0].column("values").to_pylist())
+                while critic.busy():
+                    critic.poll()   # rank 0: one training step on what was queued
+        return values
+
+    out["values"] = drive(critic, feed_critic)
+    critic.teardown()
+    return out
+
+
+def ref_critic_rank(env) -> dict:
+    return run_reference_and_critic(lambda op, params, events: env.context(op, params, events, model=TINY, seed=0),
+                                    env.drive)
+
+
+def test_reference_and_critic_of_two_ranks_match_one():
+    torch.set_num_threads(1)
+
+    def solo_drive(op, feed_fn):
+        out = feed_fn()
+        op.finish()
+        return out
+
+    one = run_reference_and_critic(lambda op, params, events: op_context(op, params, model=TINY, seed=0,
+                                                                          report=events.append), solo_drive)
+    lead, follower = run_ranks(ref_critic_rank, 2)
+    assert follower["events"] == [] and follower["ref"] is None
+    for a, b in zip(one["ref"], lead["ref"]):          # same rows, same order, same logprobs
+        assert [len(x) for x in a] == [len(x) for x in b]
+        assert [y for x in b for y in x] == pytest.approx([y for x in a for y in x], abs=TOL)
+    for a, b in zip(one["values"], lead["values"]):
+        assert [y for x in b for y in x] == pytest.approx([y for x in a for y in x], abs=TOL)
+    steps_1 = [e["metrics"] for e in one["events"] if e["kind"] == "critic_step"]
+    steps_2 = [e["metrics"] for e in lead["events"] if e["kind"] == "critic_step"]
+    assert len(steps_1) == len(steps_2) == 4 and steps_2[0]["ranks"] == 2
+    for a, b in zip(steps_1, steps_2):
+        for key in ("value_loss", "grad_norm", "returns_mean", "value_clip_frac"):
+            assert b[key] == pytest.approx(a[key], rel=TOL, abs=TOL), key
+    assert max(abs(v) for x in lead["values"][-1] for v in x) > 100 * TOL   # the critic did learn something

@@ -52,19 +52,17 @@ import torch
 
 from dora.algos import losses
 from dora.algos.schedule import lr_at
-from dora.ops.base import OpContext, Operator
+from dora.ops.base import OpContext
 from dora.ops.batching import collate, concat_rows, micro_batches, pad_lists, require_columns
 from dora.ops.logprobs import response_logprobs
-from dora.ops.sharding import rank_group
 from dora.ops.sharding.fsdp_model import ShardedModel
-from dora.ops.sharding.token_split import micro_batch_count, split_by_tokens
+from dora.ops.sharding.sharded_op import ShardedOp
 from dora.ops.weights import pretrained, versions as weights
 from dora.ops.weights.broadcast import WeightBroadcaster
 
 NEEDS = ["uid", "prompt_ids", "response_ids", "behavior_logprobs", "advantages", "policy_version", "group_id"]
 OPTIONAL = ["reward", "ref_logprobs"]
 TRAIN_COLUMNS = ["prompt_ids", "response_ids", "behavior_logprobs", "advantages", "ref_logprobs"]  # what ranks 1.. get
-FOLLOWER_WAIT_S = 0.1   # ranks 1..: how long one poll waits for rank 0's next command
 
 ModelFactory = Callable[[dict, str, int], tuple[Any, Any]]
 
@@ -95,20 +93,7 @@ def default_model_factory(model_cfg: dict, device: str, seed: int):
     return load_policy(model_cfg, device, seed=seed)
 
 
-def table_bytes(table: pa.Table) -> bytes:
-    """Rows as one Arrow IPC stream (what rank 0 sends another rank)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def table_columns(data: bytes) -> dict[str, list]:
-    table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-    return {c: table.column(c).to_pylist() for c in table.schema.names}
-
-
-class UpdateOp(Operator):
+class UpdateOp(ShardedOp):
     control_methods = ("train_ready", "stats")
 
     def __init__(self, model_factory: ModelFactory | None = None):
@@ -125,9 +110,7 @@ class UpdateOp(Operator):
             raise ValueError(f"{label}: update needs a run_dir for weights and checkpoints")
         # keep the versions the rollout window can still be loading, plus one being written
         self.keep_versions = ctx.async_.max_staleness + 2
-        self.group = rank_group.join(ctx)     # None: a trainer of one rank
-        self.leader = self.group is None or self.group.leader
-        self.ranks = 1 if self.group is None else self.group.world
+        self.join_group(ctx)     # replicas: N = one trainer of N ranks
         torch.manual_seed(ctx.seed)
         model, self.tokenizer = self.model_factory(ctx.model, ctx.device, ctx.seed)
         model.train()
@@ -142,7 +125,6 @@ class UpdateOp(Operator):
         self.step = 0
         self.version = 0
         self.done = False
-        self.finished = False          # ranks 1..: rank 0 said the trainer is finished
         self.dropped_rows = 0
         self.last_saved_step = -1
         self.ledger = None
@@ -177,9 +159,7 @@ class UpdateOp(Operator):
             if self.group is not None:
                 self.group.post("checkpoint", {})
             self._checkpoint()
-        if self.group is not None and self.leader:
-            self.group.post("finish", {})
-            self.finished = True
+        self.end_group()
         return ()
 
     def _select(self) -> list[int] | None:
@@ -217,22 +197,11 @@ class UpdateOp(Operator):
         return not self.done and self._select() is not None
 
     # ------------------------------------------------------------------ ranks 1..: rank 0's commands
-    def busy(self) -> bool:
-        return not self.leader and not self.finished
+    def on_train(self, header: dict[str, Any], cols: dict[str, list]) -> None:
+        self._run_step(cols, header, time.perf_counter())
 
-    def poll(self) -> Iterable[pa.RecordBatch]:
-        cmd = self.group.next_command(FOLLOWER_WAIT_S)
-        if cmd is None:
-            return ()
-        if cmd.kind == "train":
-            self._run_step(table_columns(cmd.payload), cmd.header, time.perf_counter())
-        elif cmd.kind == "checkpoint":
-            self._checkpoint()
-        elif cmd.kind == "finish":
-            self.finished = True
-        else:
-            raise ValueError(f"{self.ctx.label}: unknown command {cmd.kind!r} from rank 0")
-        return ()
+    def on_checkpoint(self, header: dict[str, Any], cols: dict[str, list]) -> None:
+        self._checkpoint()
 
     # ------------------------------------------------------------------ training
     def _train_step(self, chosen: list[int]) -> None:
@@ -253,19 +222,14 @@ class UpdateOp(Operator):
         if any(v is None for v in cols["policy_version"]):
             raise ValueError(f"{self.ctx.label}: null policy_version in trajectories "
                              f"{[u for u, v in zip(cols['uid'], cols['policy_version']) if v is None][:5]}")
-        tokens = [len(a) + len(b) for a, b in zip(prompts, resps)]
-        shards = split_by_tokens(tokens, self.ranks)
         header = {
             "lr": lr_at(self.step, lr=p["lr"], warmup_steps=p["warmup_steps"], total_steps=p["total_steps"],
                         min_lr_ratio=p["min_lr_ratio"]),
             "total_tokens": float(sum(lengths)), "total_seqs": float(sum(1 for n in lengths if n)),
             "use_ref": p["kl_coef"] > 0 and "ref_logprobs" in cols,
-            "micro_batches": micro_batch_count(tokens, shards, p["micro_batch_tokens"]),
         }
-        train_cols = [c for c in TRAIN_COLUMNS if c in cols]
-        if self.group is not None:
-            self.group.post("train", header, [table_bytes(rows.select(train_cols).take(s)) for s in shards[1:]])
-        mine = {c: [cols[c][i] for i in shards[0]] for c in train_cols}
+        _, header, mine = self.spread("train", header, rows.select([c for c in TRAIN_COLUMNS if c in cols]),
+                                      [len(a) + len(b) for a, b in zip(prompts, resps)], p["micro_batch_tokens"])
         self._run_step(mine, header, t0, batch=cols)
 
     def _run_step(self, cols: dict[str, list], header: dict[str, Any], t0: float, batch: dict[str, list] | None = None) -> None:
@@ -407,14 +371,7 @@ class UpdateOp(Operator):
         ledger = getattr(self, "ledger", None)
         if ledger is not None and not ledger.closed:
             ledger.close()
-        group = getattr(self, "group", None)
-        if group is not None:
-            if group.leader and not self.finished:
-                try:   # let ranks 1.. leave their wait (a run stopped without end-of-stream)
-                    group.post("finish", {})
-                except Exception:
-                    pass
-            group.close()
+        super().teardown()
 
     # ------------------------------------------------------------------ control
     def stats(self) -> dict:

@@ -262,7 +262,7 @@ class Controller:
         self.rendezvous[w.node] = {"host": str(event["host"]), "port": int(event["port"])}
         for other in self.workers.values():
             if other.node == w.node and other.replica > 0 and other.pid is not None and other.state == "starting":
-                other.state = "configured"
+                other.state, other.last_hb = "configured", time.monotonic()   # its heartbeats start with the config
                 self._send_ctrl(other.label, self._config(other))
 
     def _waits_for(self, w: _W) -> str:
