@@ -22,7 +22,7 @@ import torch
 from dora.graph.columns import COLUMNS
 from dora.ops.weights import versions as weights
 from op_context import op_context
-from rank_harness import run_ranks
+from dora.ops.sharding.local_ranks import run_local_ranks
 
 TINY = {"hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 64}
 # lr 1e-3: AdamW turns float summation-order noise on near-zero gradients into steps ~lr x 1e-3
@@ -63,13 +63,20 @@ def feed(op, batches: list[dict]) -> None:
         op.process(to_batch(b), "batch")
 
 
+def rank_context(env, op: str, params: dict, events: list, **kw):
+    """The OpContext the runtime would give this rank of a new group."""
+    return op_context(op, params, replica=env.rank, replicas=env.world, rendezvous=env.rendezvous(),
+                      report=env.report(events), **kw)
+
+
 def rank_main(env, run_dir: str, batches: list[dict]) -> dict:
     from dora.ops.update import UpdateOp
 
+    torch.set_num_threads(1)
     events: list[dict] = []
     op = UpdateOp()
-    op.setup(env.context("update", {**PARAMS, "activation_checkpointing": True}, events, model=TINY, run_dir=run_dir,
-                         async_=ASYNC))
+    op.setup(rank_context(env, "update", {**PARAMS, "activation_checkpointing": True}, events, model=TINY,
+                          run_dir=run_dir, async_=ASYNC))
     env.drive(op, lambda: feed(op, batches))
     stats = op.stats()
     op.teardown()
@@ -98,7 +105,7 @@ def test_two_ranks_train_exactly_like_one(tmp_path):
     one.finish()
     solo = {"stats": one.stats()}
     one.teardown()
-    two = run_ranks(rank_main, 2, str(tmp_path / "two"), batches)
+    two = run_local_ranks(rank_main, 2, str(tmp_path / "two"), batches)
     lead, follower = two
 
     steps_1 = [e for e in events if e["kind"] == "train_step"]
@@ -180,7 +187,8 @@ def run_reference_and_critic(make_ctx, drive) -> dict:
 
 
 def ref_critic_rank(env) -> dict:
-    return run_reference_and_critic(lambda op, params, events: env.context(op, params, events, model=TINY, seed=0),
+    torch.set_num_threads(1)
+    return run_reference_and_critic(lambda op, params, events: rank_context(env, op, params, events, model=TINY, seed=0),
                                     env.drive)
 
 
@@ -194,7 +202,7 @@ def test_reference_and_critic_of_two_ranks_match_one():
 
     one = run_reference_and_critic(lambda op, params, events: op_context(op, params, model=TINY, seed=0,
                                                                           report=events.append), solo_drive)
-    lead, follower = run_ranks(ref_critic_rank, 2)
+    lead, follower = run_local_ranks(ref_critic_rank, 2)
     assert follower["events"] == [] and follower["ref"] is None
     for a, b in zip(one["ref"], lead["ref"]):          # same rows, same order, same logprobs
         assert [len(x) for x in a] == [len(x) for x in b]

@@ -56,6 +56,8 @@ GENERATE = OpSpec(
         P("max_batch", "int", 64, "maximum concurrent sequences per replica", min=1),
         P("weight_sync", "str", "file", "how new weights arrive: safetensors file, or torch.distributed broadcast from the trainer",
           choices=("file", "broadcast")),
+        P("dtype", "str", "float32", "vllm engine: weights and compute dtype (bfloat16 on GPUs; the torch engine "
+          "computes in float32)", choices=("float32", "bfloat16", "float16")),
     ),
     impl="dora.ops.generate:GenerateOp",
     check="dora.ops.generate:check_params",

@@ -245,8 +245,8 @@ class Controller:
         if w.node not in self.plan.groups:
             return None
         if w.replica == 0:
-            return {"host": w.host or self.backend.host, "port": 0}
-        return self.rendezvous[w.node]
+            return {"host": w.host or "127.0.0.1", "port": 0}
+        return self.rendezvous.get(w.node)   # set before ranks 1.. are configured (_on_hello)
 
     def _on_hello(self, w: _W, msg: dict[str, Any]) -> None:
         w.pid, w.host = msg.get("pid"), msg.get("host")
