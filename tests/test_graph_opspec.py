@@ -29,7 +29,9 @@ def split_top(text: str) -> list[str]:
 
 
 def doc_value(raw: str):
-    """The default as the table writes it: the first token inside the parentheses."""
+    """The default as the table writes it: the first token inside the parentheses (a JSON object whole)."""
+    if raw.lstrip().startswith("{"):
+        return json.loads(raw[: raw.index("}") + 1])
     tok = re.match(r'\s*("[^"]*"|[^\s,;:=)]+)', raw).group(1)
     try:
         return json.loads(tok)

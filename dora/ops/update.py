@@ -6,12 +6,16 @@ first (then arrival order); anything left waits for the next step. Per step:
 
 1. rows -> micro-batches whose padded prompt+response size fits micro_batch_tokens;
 2. for each of ppo_epochs passes over the micro-batches: forward under the current weights,
-   loss from dora.algos.losses (ratio vs the proximal policy, truncated IS vs the engine's
-   behavior_logprobs, KL to ref_logprobs when kl_coef > 0 and the column is present, entropy
-   bonus), backward with batch-wide denominators, so accumulated gradients equal those of one
-   full-batch loss; then grad-norm clipping, the step's lr (warmup + cosine), one AdamW step.
+   loss from dora.algos.losses (ratio vs the proximal policy, each token weighted by the
+   off-policy correction `off_policy` from dora.algos.off_policy, which compares the proximal
+   policy with the engine's behavior_logprobs; KL to ref_logprobs when kl_coef > 0 and the column
+   is present, entropy bonus), backward with batch-wide denominators, so accumulated gradients
+   equal those of one full-batch loss; then grad-norm clipping, the step's lr (warmup + cosine,
+   times the correction's lr_scale), one AdamW step.
    old_logprobs (pi_prox) are the logprobs of pass 1, detached: the weights do not change
-   before pass 1's optimizer step, so they equal a separate no-grad pass and save a forward;
+   before pass 1's optimizer step, so they equal a separate no-grad pass and save a forward.
+   A batch-wide correction (a threshold or sum over the whole step) needs pi_prox of every
+   micro-batch before the first backward: with several micro-batches it gets a no-grad pass first;
 3. version v -> v + 1: weights saved with dora.ops.weights.versions.save_version and reported as
    {"kind": "weights", "version", "path", "bytes", "seconds"}; then
    {"kind": "train_step", "step", "version", "uids", "metrics": {...}, "seconds"};
@@ -44,24 +48,61 @@ import pyarrow as pa
 import torch
 
 from dora.algos import kl as kl_mod
-from dora.algos import losses
+from dora.algos import losses, off_policy
 from dora.algos.schedule import lr_at
 from dora.ops.weights import pretrained, versions as weights
 from dora.ops.base import OpContext, Operator
-from dora.ops.batching import collate, concat_rows, micro_batches, pad_lists, require_columns
+from dora.ops.batching import collate, concat_rows, micro_batches, pad_lists, require_columns, response_mask
 from dora.ops.logprobs import response_logprobs
 from dora.ops.weights.broadcast import WeightBroadcaster
 
 DEFAULTS: dict[str, Any] = {
     "loss": "ppo_clip", "lr": 1e-5, "weight_decay": 0.0, "warmup_steps": 0, "total_steps": 0, "min_lr_ratio": 0.1,
     "grad_clip": 1.0, "micro_batch_tokens": 4096, "clip_eps": 0.2, "clip_eps_high": None, "dual_clip": None,
-    "agg": "token_mean", "tis_cap": 2.0, "kl_coef": 0.0, "kl_estimator": "k3", "entropy_coef": 0.0, "ppo_epochs": 1,
+    "agg": "token_mean", "off_policy": {"name": "tis", "cap": 2.0}, "kl_coef": 0.0, "kl_estimator": "k3", "entropy_coef": 0.0, "ppo_epochs": 1,
     "steps": 20, "save_every": 0, "weight_sync": "file", "broadcast_to": 0,
 }
 NEEDS = ["uid", "prompt_ids", "response_ids", "behavior_logprobs", "advantages", "policy_version", "group_id"]
 OPTIONAL = ["reward", "ref_logprobs"]
 
 ModelFactory = Callable[[dict, str, int], tuple[Any, Any]]
+
+
+def _parse_off_policy(spec: Any, label: str) -> tuple[str, dict[str, Any]]:
+    """(name, params) from the `off_policy` param {name: ..., <that correction's params>}; checked
+    here, at setup, with a dry run on one token so that a bad value fails before any training."""
+    names = ", ".join(off_policy.OFF_POLICY.names())
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise ValueError(f"{label}: off_policy must be a mapping {{name: <{names}>, <its params>}}, got {spec!r}")
+    name, params = spec["name"], {k: v for k, v in spec.items() if k != "name"}
+    try:
+        one = torch.zeros(1, 1)
+        off_policy.compute(name, prox_logprobs=one, behavior_logprobs=one, mask=torch.ones(1, 1), **params)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{label}: off_policy: {e}") from None
+    return name, params
+
+
+def _whole_batch(old: dict[int, torch.Tensor], behav: dict[int, torch.Tensor], mbs: list[list[int]],
+                 lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """pi_prox, pi_behav and the response mask of every micro-batch, stacked in micro-batch order
+    ([B, T] with T the longest response), for corrections and metrics over the whole step."""
+    width = max(lengths, default=0)
+    pad = lambda x: torch.nn.functional.pad(x, (0, width - x.shape[1]))
+    prox = torch.cat([pad(old[k].detach()) for k in range(len(mbs))])
+    beh = torch.cat([pad(behav[k]) for k in range(len(mbs))])
+    mask = response_mask([lengths[i] for mb in mbs for i in mb], width)
+    return prox, beh, mask
+
+
+def _split_rows(x: torch.Tensor, like: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    """Inverse of _whole_batch: rows and widths of each micro-batch."""
+    out, row = {}, 0
+    for k in range(len(like)):
+        b, t = like[k].shape
+        out[k] = x[row: row + b, :t]
+        row += b
+    return out
 
 
 def default_model_factory(model_cfg: dict, device: str, seed: int):
@@ -87,6 +128,7 @@ class UpdateOp(Operator):
         if p["dual_clip"] is not None:
             self.loss_params["dual_clip"] = p["dual_clip"]
         losses.LOSSES.check_params(p["loss"], self.loss_params)
+        self.correction, self.correction_params = _parse_off_policy(p["off_policy"], label)
         if p["agg"] not in losses.AGGS:
             raise ValueError(f"{label}: unknown agg {p['agg']!r}; valid: {', '.join(losses.AGGS)}")
         tb = ctx.async_cfg.get("train_batch")
@@ -201,6 +243,9 @@ class UpdateOp(Operator):
         total_seqs = float(sum(1 for n in lengths if n))
         mbs = micro_batches([len(a) + len(b) for a, b in zip(prompts, resps)], int(p["micro_batch_tokens"]))
         old: dict[int, torch.Tensor] = {}
+        weights: dict[int, torch.Tensor] = {}
+        lr_scale = 1.0
+        corr_sums: dict[str, float] = {}    # the correction sees each token once (not once per epoch)
         sums: dict[str, float] = {}
         weight_sum = 0.0
         loss_total = 0.0
@@ -208,6 +253,18 @@ class UpdateOp(Operator):
                    min_lr_ratio=p["min_lr_ratio"])
         grad_norms: list[float] = []
         dev = self.ctx.device
+        behav = {k: pad_lists([cols["behavior_logprobs"][i] for i in mb]) for k, mb in enumerate(mbs)}
+        if off_policy.is_batch_wide(self.correction) and len(mbs) > 1:
+            with torch.no_grad():
+                for k, mb in enumerate(mbs):
+                    pb = collate([prompts[i] for i in mb], [resps[i] for i in mb], self.pad_id).to(dev)
+                    old[k] = response_logprobs(self.model, pb, temperature=self.temperature)[0]
+            prox_all, behav_all, mask_all = _whole_batch(old, behav, mbs, lengths)
+            corr = off_policy.compute(self.correction, prox_logprobs=prox_all, behavior_logprobs=behav_all.to(dev),
+                                      mask=mask_all.to(dev), **self.correction_params)
+            weights = _split_rows(corr.weight, old)
+            lr_scale = corr.lr_scale
+            corr_sums = {key: val * total_tokens for key, val in corr.metrics.items()}
         for epoch in range(int(p["ppo_epochs"])):
             self.optimizer.zero_grad(set_to_none=True)
             for k, mb in enumerate(mbs):
@@ -215,8 +272,14 @@ class UpdateOp(Operator):
                 T = pb.response_ids.shape[1]
                 logp, ent = response_logprobs(self.model, pb, temperature=self.temperature, with_entropy=True,
                                               entropy_grad=p["entropy_coef"] != 0)
-                if epoch == 0:
+                if k not in old:
                     old[k] = logp.detach()
+                if k not in weights:
+                    corr = off_policy.compute(self.correction, prox_logprobs=old[k], behavior_logprobs=behav[k].to(dev),
+                                              mask=pb.response_mask, **self.correction_params)
+                    weights[k], lr_scale = corr.weight, corr.lr_scale
+                    for key, val in corr.metrics.items():
+                        corr_sums[key] = corr_sums.get(key, 0.0) + val * float(pb.response_mask.sum())
                 extra = {}
                 if use_ref:
                     extra = {"ref_logprobs": pad_lists([cols["ref_logprobs"][i] for i in mb], T).to(dev),
@@ -224,8 +287,7 @@ class UpdateOp(Operator):
                 loss, m = losses.compute(
                     p["loss"], logprobs=logp, old_logprobs=old[k],
                     advantages=pad_lists([cols["advantages"][i] for i in mb], T).to(dev), mask=pb.response_mask,
-                    agg=p["agg"], behavior_logprobs=pad_lists([cols["behavior_logprobs"][i] for i in mb], T).to(dev),
-                    tis_cap=p["tis_cap"], entropy=ent, entropy_coef=p["entropy_coef"],
+                    agg=p["agg"], token_weights=weights[k], entropy=ent, entropy_coef=p["entropy_coef"],
                     total_tokens=total_tokens, total_seqs=total_seqs, **extra, **self.loss_params)
                 loss.backward()
                 loss_total += m["loss"]
@@ -238,7 +300,7 @@ class UpdateOp(Operator):
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
             grad_norms.append(grad_norm)
             for group in self.optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * lr_scale
             if math.isfinite(grad_norm):
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -246,8 +308,13 @@ class UpdateOp(Operator):
 
         staleness = [self.version - v for v in cols["policy_version"]]
         metrics = {key: (val if key == "ratio_max" else val / max(weight_sum, 1.0)) for key, val in sums.items()}
+        metrics.update({key: val / max(total_tokens, 1.0) for key, val in corr_sums.items()})
+        # ESS over the whole step's sequences, however the step was split into micro-batches
+        prox_all, behav_all, mask_all = _whole_batch(old, behav, mbs, lengths)
+        metrics["is_seq_ess"] = off_policy.sequence_ess(((prox_all.cpu() - behav_all) * mask_all).clamp(
+            -off_policy.LOG_RATIO_BOUND, off_policy.LOG_RATIO_BOUND), mask_all)
         metrics.update({
-            "loss": loss_total / int(p["ppo_epochs"]), "lr": lr,
+            "loss": loss_total / int(p["ppo_epochs"]), "lr": lr * lr_scale,
             "grad_norm": sum(grad_norms) / len(grad_norms),  # before clipping, mean over ppo_epochs
             "staleness_max": max(staleness), "staleness_mean": sum(staleness) / len(staleness),
             "tokens": int(total_tokens), "trajectories": len(chosen), "micro_batches": len(mbs),
