@@ -45,9 +45,9 @@ PER_STEP = ("reward_mean", "wall_s", "staleness_mean", "is_seq_ess", "is_weight_
 def parse_mode(spec: str) -> tuple[str, int | None]:
     name, _, k = spec.partition(":")
     if name not in ("sync", "one_step_off", "partial", "dora"):
-        raise SystemExit(f"modes.py: unknown mode {spec!r}; use sync, one_step_off, partial[:K], dora[:K]")
+        raise ValueError(f"unknown mode {spec!r}; use sync, one_step_off, partial[:K], dora[:K]")
     if k and not k.isdigit():
-        raise SystemExit(f"modes.py: mode {spec!r}: K must be a whole number")
+        raise ValueError(f"mode {spec!r}: K must be a whole number")
     return name, (int(k) if k else None)
 
 
@@ -224,10 +224,9 @@ def plot(results: list[dict], rows: list[dict], path: str) -> None:
             m, s = ys.mean(0), ys.std(0)
             line, = axes[pi][0].plot(x, m, label=f"{label} ({len(runs)} seeds)")
             axes[pi][0].fill_between(x, m - s, m + s, alpha=0.15, color=line.get_color())
-            grid = np.linspace(0, min(max(r["per_step"]["wall_s"]) for r in runs), 200)
-            yt = np.array([np.interp(grid, r["per_step"]["wall_s"], _smooth(r["per_step"]["reward_mean"]),
-                                     left=np.nan) for r in runs])
-            mt, st = np.nanmean(yt, 0), np.nanstd(yt, 0)
+            grid = np.linspace(max(r["per_step"]["wall_s"][0] for r in runs), min(r["per_step"]["wall_s"][-1] for r in runs), 200)
+            yt = np.array([np.interp(grid, r["per_step"]["wall_s"], _smooth(r["per_step"]["reward_mean"])) for r in runs])
+            mt, st = yt.mean(0), yt.std(0)
             axes[pi][1].plot(grid, mt, color=line.get_color(), label=label)
             axes[pi][1].fill_between(grid, mt - st, mt + st, alpha=0.15, color=line.get_color())
         axes[pi][0].set(title=f"{pipe}: reward vs training step", xlabel="step", ylabel="reward (5-step mean)")
@@ -285,7 +284,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         p.error(f"--seeds must be whole numbers, got {a.seeds!r}")
     for m in a.modes:
-        parse_mode(m)
+        try:
+            parse_mode(m)
+        except ValueError as e:
+            p.error(str(e))
     if a.steps < LAST + FIRST:
         p.error(f"--steps must be >= {LAST + FIRST} (the report averages the first {FIRST} and the last {LAST})")
     return cmd_run(a) if a.command == "run" else cmd_report(a)
