@@ -13,9 +13,11 @@ into
 - metrics: means over the masked tokens (and the batch's sequence-level ESS).
 
 On-policy data (sync mode) have r = 1 up to numerics, so every correction leaves them as they are;
-they differ only on stale data. A correction marked `batch_wide` needs every token of the training
-step at once (a threshold or a sum over the whole batch): the update op then computes pi_prox for
-the whole batch before the first backward pass instead of micro-batch by micro-batch.
+they differ only on stale data. The update op calls compute() on the whole training step for
+lr_scale and metrics. A correction marked `batch_wide` has token weights that depend on every
+token of the step (a threshold over the whole batch): the update op then computes pi_prox for the
+whole step before the first backward pass; the others' weights are token by token, so it computes
+them micro-batch by micro-batch.
 """
 
 from __future__ import annotations
@@ -141,9 +143,6 @@ def ess_lr(log_r: Tensor, mask: Tensor, *, cap: float = 2.0, power: float = 0.5)
     if power < 0:
         raise ValueError(f"ess_lr: power must be >= 0, got {power}")
     return torch.exp(log_r).clamp(max=cap), sequence_ess(log_r, mask) ** power
-
-
-ess_lr.batch_wide = True
 
 
 @OFF_POLICY.register("decoupled")

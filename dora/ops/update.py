@@ -14,8 +14,10 @@ first (then arrival order); anything left waits for the next step. Per step:
    times the correction's lr_scale), one AdamW step.
    old_logprobs (pi_prox) are the logprobs of pass 1, detached: the weights do not change
    before pass 1's optimizer step, so they equal a separate no-grad pass and save a forward.
-   A batch-wide correction (a threshold or sum over the whole step) needs pi_prox of every
-   micro-batch before the first backward: with several micro-batches it gets a no-grad pass first;
+   The correction's lr_scale and metrics are over the whole step, from every micro-batch's pi_prox
+   after pass 1; its token weights are computed micro-batch by micro-batch, except for a
+   batch-wide correction (weights that depend on a threshold over the whole step), which gets
+   pi_prox of every micro-batch from a no-grad pass before the first backward;
 3. version v -> v + 1: weights saved with dora.ops.weights.versions.save_version and reported as
    {"kind": "weights", "version", "path", "bytes", "seconds"}; then
    {"kind": "train_step", "step", "version", "uids", "metrics": {...}, "seconds"};
@@ -244,8 +246,7 @@ class UpdateOp(Operator):
         mbs = micro_batches([len(a) + len(b) for a, b in zip(prompts, resps)], int(p["micro_batch_tokens"]))
         old: dict[int, torch.Tensor] = {}
         weights: dict[int, torch.Tensor] = {}
-        lr_scale = 1.0
-        corr_sums: dict[str, float] = {}    # the correction sees each token once (not once per epoch)
+        step_corr: off_policy.Correction | None = None    # over the whole step: lr_scale and metrics
         sums: dict[str, float] = {}
         weight_sum = 0.0
         loss_total = 0.0
@@ -259,12 +260,8 @@ class UpdateOp(Operator):
                 for k, mb in enumerate(mbs):
                     pb = collate([prompts[i] for i in mb], [resps[i] for i in mb], self.pad_id).to(dev)
                     old[k] = response_logprobs(self.model, pb, temperature=self.temperature)[0]
-            prox_all, behav_all, mask_all = _whole_batch(old, behav, mbs, lengths)
-            corr = off_policy.compute(self.correction, prox_logprobs=prox_all, behavior_logprobs=behav_all.to(dev),
-                                      mask=mask_all.to(dev), **self.correction_params)
-            weights = _split_rows(corr.weight, old)
-            lr_scale = corr.lr_scale
-            corr_sums = {key: val * total_tokens for key, val in corr.metrics.items()}
+            step_corr = self._correct_step(old, behav, mbs, lengths)
+            weights = _split_rows(step_corr.weight, old)
         for epoch in range(int(p["ppo_epochs"])):
             self.optimizer.zero_grad(set_to_none=True)
             for k, mb in enumerate(mbs):
@@ -274,12 +271,9 @@ class UpdateOp(Operator):
                                               entropy_grad=p["entropy_coef"] != 0)
                 if k not in old:
                     old[k] = logp.detach()
-                if k not in weights:
-                    corr = off_policy.compute(self.correction, prox_logprobs=old[k], behavior_logprobs=behav[k].to(dev),
-                                              mask=pb.response_mask, **self.correction_params)
-                    weights[k], lr_scale = corr.weight, corr.lr_scale
-                    for key, val in corr.metrics.items():
-                        corr_sums[key] = corr_sums.get(key, 0.0) + val * float(pb.response_mask.sum())
+                if k not in weights:   # token by token (or the only micro-batch): the same as the whole step's rows
+                    weights[k] = off_policy.compute(self.correction, prox_logprobs=old[k], mask=pb.response_mask,
+                                                    behavior_logprobs=behav[k].to(dev), **self.correction_params).weight
                 extra = {}
                 if use_ref:
                     extra = {"ref_logprobs": pad_lists([cols["ref_logprobs"][i] for i in mb], T).to(dev),
@@ -296,11 +290,13 @@ class UpdateOp(Operator):
                 for key, val in m.items():
                     if key not in ("loss", "pg_loss", "tokens"):
                         sums[key] = max(sums.get(key, 0.0), val) if key == "ratio_max" else sums.get(key, 0.0) + val * w
+            if step_corr is None:   # every micro-batch's pi_prox is known once the first pass is over
+                step_corr = self._correct_step(old, behav, mbs, lengths)
             clip = p["grad_clip"] if p["grad_clip"] and p["grad_clip"] > 0 else float("inf")
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
             grad_norms.append(grad_norm)
             for group in self.optimizer.param_groups:
-                group["lr"] = lr * lr_scale
+                group["lr"] = lr * step_corr.lr_scale
             if math.isfinite(grad_norm):
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -308,13 +304,9 @@ class UpdateOp(Operator):
 
         staleness = [self.version - v for v in cols["policy_version"]]
         metrics = {key: (val if key == "ratio_max" else val / max(weight_sum, 1.0)) for key, val in sums.items()}
-        metrics.update({key: val / max(total_tokens, 1.0) for key, val in corr_sums.items()})
-        # ESS over the whole step's sequences, however the step was split into micro-batches
-        prox_all, behav_all, mask_all = _whole_batch(old, behav, mbs, lengths)
-        metrics["is_seq_ess"] = off_policy.sequence_ess(((prox_all.cpu() - behav_all) * mask_all).clamp(
-            -off_policy.LOG_RATIO_BOUND, off_policy.LOG_RATIO_BOUND), mask_all)
+        metrics.update(step_corr.metrics)
         metrics.update({
-            "loss": loss_total / int(p["ppo_epochs"]), "lr": lr * lr_scale,
+            "loss": loss_total / int(p["ppo_epochs"]), "lr": lr * step_corr.lr_scale,
             "grad_norm": sum(grad_norms) / len(grad_norms),  # before clipping, mean over ppo_epochs
             "staleness_max": max(staleness), "staleness_mean": sum(staleness) / len(staleness),
             "tokens": int(total_tokens), "trajectories": len(chosen), "micro_batches": len(mbs),
@@ -339,6 +331,13 @@ class UpdateOp(Operator):
         if self.step >= int(p["steps"]):
             self.done = True
             self.ctx.report({"kind": "done", "node": self.ctx.node, "step": self.step, "version": self.version})
+
+    def _correct_step(self, old: dict[int, torch.Tensor], behav: dict[int, torch.Tensor], mbs: list[list[int]],
+                      lengths: list[int]) -> off_policy.Correction:
+        prox_all, behav_all, mask_all = _whole_batch(old, behav, mbs, lengths)
+        dev = self.ctx.device
+        return off_policy.compute(self.correction, prox_logprobs=prox_all, behavior_logprobs=behav_all.to(dev),
+                                  mask=mask_all.to(dev), **self.correction_params)
 
     def _publish(self, seconds_train: float | None) -> None:
         t0 = time.perf_counter()
