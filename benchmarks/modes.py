@@ -123,7 +123,11 @@ def cmd_run(a) -> int:
     failed = 0
     for i, r in enumerate(todo, 1):
         print(f"[modes] {i}/{len(todo)} {r['key']} ...", file=sys.stderr, flush=True)
-        res = run_one(r, a.out)
+        for attempt in range(1 + a.retries):   # a loaded machine can miss the workers' start-up deadline
+            res = run_one(r, a.out)
+            if res["ok"]:
+                break
+            print(f"[modes]   attempt {attempt + 1} failed: {res['error']}", file=sys.stderr, flush=True)
         failed += not res["ok"]
         with open(os.path.join(a.out, "runs.jsonl"), "a") as fh:
             fh.write(json.dumps(res) + "\n")
@@ -272,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corrections", default="default", help="off_policy names for the async modes, or default")
     p.add_argument("--seeds", default="0,1,2,3")
     p.add_argument("--steps", type=int, default=80)
+    p.add_argument("--retries", type=int, default=1, help="run a failed run again at once, this many times")
     p.add_argument("--png", default=None)
     p.add_argument("--md", default=None)
     p.add_argument("--json", default=None)
