@@ -142,7 +142,7 @@ UPDATE = OpSpec(
         P("clip_eps_high", "float?", None, "PPO clip range high side (null = clip_eps)"),
         P("dual_clip", "float?", None, "dual-clip constant c (null = off)"),
         P("agg", "str", "token_mean", "loss aggregation"),
-        P("off_policy", "dict", {"name": "tis", "cap": 2.0},
+        P("off_policy", "dict", {"name": "ess_lr", "cap": 2.0, "power": 0.5},
           "off-policy correction of stale tokens: {name: none|tis|icepop|m2po|ess_lr|decoupled, <its params>} (dora/algos/off_policy.py)"),
         P("kl_coef", "float", 0.0, "KL loss coefficient (needs ref_logprobs when > 0)"),
         P("kl_estimator", "str", "k3", "KL estimator for the loss"),

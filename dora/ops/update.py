@@ -61,7 +61,7 @@ from dora.ops.weights.broadcast import WeightBroadcaster
 DEFAULTS: dict[str, Any] = {
     "loss": "ppo_clip", "lr": 1e-5, "weight_decay": 0.0, "warmup_steps": 0, "total_steps": 0, "min_lr_ratio": 0.1,
     "grad_clip": 1.0, "micro_batch_tokens": 4096, "clip_eps": 0.2, "clip_eps_high": None, "dual_clip": None,
-    "agg": "token_mean", "off_policy": {"name": "tis", "cap": 2.0}, "kl_coef": 0.0, "kl_estimator": "k3", "entropy_coef": 0.0, "ppo_epochs": 1,
+    "agg": "token_mean", "off_policy": {"name": "ess_lr", "cap": 2.0, "power": 0.5}, "kl_coef": 0.0, "kl_estimator": "k3", "entropy_coef": 0.0, "ppo_epochs": 1,
     "steps": 20, "save_every": 0, "weight_sync": "file", "broadcast_to": 0,
 }
 NEEDS = ["uid", "prompt_ids", "response_ids", "behavior_logprobs", "advantages", "policy_version", "group_id"]
