@@ -69,13 +69,13 @@ def rank_context(env, op: str, params: dict, events: list, **kw):
                       report=env.report(events), **kw)
 
 
-def rank_main(env, run_dir: str, batches: list[dict]) -> dict:
+def rank_main(env, run_dir: str, batches: list[dict], extra: dict | None = None) -> dict:
     from dora.ops.update import UpdateOp
 
     torch.set_num_threads(1)
     events: list[dict] = []
     op = UpdateOp()
-    op.setup(rank_context(env, "update", {**PARAMS, "activation_checkpointing": True}, events, model=TINY,
+    op.setup(rank_context(env, "update", {**PARAMS, **(extra or {}), "activation_checkpointing": True}, events, model=TINY,
                           run_dir=run_dir, async_=ASYNC))
     env.drive(op, lambda: feed(op, batches))
     stats = op.stats()
@@ -92,20 +92,25 @@ def published(events: list[dict]) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
+# steps 2 and 3 train on data of the initial model: stale, so the correction acts; its whole-step
+# statistics (ESS, m2po's batch-wide threshold) must come out the same however rows are split
+@pytest.mark.parametrize("off_policy", [None, {"name": "m2po", "m2_max": 1e-4}], ids=["default", "m2po"])
 @pytest.mark.usefixtures("remove_shm_weights")
-def test_two_ranks_train_exactly_like_one(tmp_path):
+def test_two_ranks_train_exactly_like_one(tmp_path, off_policy):
     from dora.ops.update import UpdateOp
 
+    extra = {"off_policy": off_policy} if off_policy else {}
     batches = make_batches()
     torch.set_num_threads(1)
     events: list[dict] = []
     one = UpdateOp()
-    one.setup(op_context("update", PARAMS, model=TINY, run_dir=str(tmp_path / "one"), async_=ASYNC, report=events.append))
+    one.setup(op_context("update", {**PARAMS, **extra}, model=TINY, run_dir=str(tmp_path / "one"), async_=ASYNC,
+                         report=events.append))
     feed(one, batches)
     one.finish()
     solo = {"stats": one.stats()}
     one.teardown()
-    two = run_local_ranks(rank_main, 2, str(tmp_path / "two"), batches)
+    two = run_local_ranks(rank_main, 2, str(tmp_path / "two"), batches, extra)
     lead, follower = two
 
     steps_1 = [e for e in events if e["kind"] == "train_step"]
@@ -115,8 +120,10 @@ def test_two_ranks_train_exactly_like_one(tmp_path):
         assert a["uids"] == b["uids"]
         assert b["metrics"]["train_ranks"] == 2 and a["metrics"]["train_ranks"] == 1
         assert b["metrics"]["micro_batches"] > 1   # several passes per rank (padding passes where counts differ)
-        for key in ("loss", "grad_norm", "clip_frac", "entropy", "tis_mean"):
+        for key in ("loss", "grad_norm", "clip_frac", "entropy", "is_weight_mean", "is_dropped_frac", "lr_scale"):
             assert b["metrics"][key] == pytest.approx(a["metrics"][key], rel=TOL, abs=TOL), (a["step"], key)
+    stale = steps_1[-1]["metrics"]
+    assert (stale["lr_scale"] < 1.0) if off_policy is None else (stale["is_dropped_frac"] > 0), stale
     w1, w2 = published(events), published(lead["events"])
     nbytes = [[e["bytes"] for e in evs if e["kind"] == "weights"][-1] for evs in (events, lead["events"])]
     assert sorted(w1) == sorted(w2) and nbytes[0] == nbytes[1], nbytes   # tied weights stored once by both

@@ -16,10 +16,10 @@ from typing import Any, Callable, Iterable
 import pyarrow as pa
 import torch
 
-from dora.algos import losses
+from dora.algos import losses, off_policy
 from dora.algos.schedule import lr_at
 from dora.ops.base import OpContext
-from dora.ops.batching import collate, concat_rows, micro_batches, pad_lists, require_columns
+from dora.ops.batching import collate, concat_rows, micro_batches, pad_lists, require_columns, response_mask
 from dora.ops.logprobs import response_logprobs
 from dora.ops.sharding.fsdp_model import ShardedModel
 from dora.ops.sharding.sharded_op import ShardedOp
@@ -43,8 +43,27 @@ def loss_params(p: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def off_policy_of(spec: Any) -> tuple[str, dict[str, Any]]:
+    """(name, params) of the `off_policy` param {name: ..., <that correction's params>}; ValueError
+    naming what is wrong, after a dry run on one token (so a bad value fails at validate)."""
+    names = ", ".join(off_policy.OFF_POLICY.names())
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise ValueError(f"off_policy must be a mapping {{name: <{names}>, <its params>}}, got {spec!r}")
+    name, params = spec["name"], {k: v for k, v in spec.items() if k != "name"}
+    try:
+        one = torch.zeros(1, 1)
+        off_policy.compute(name, prox_logprobs=one, behavior_logprobs=one, mask=torch.ones(1, 1), **params)
+    except (ValueError, TypeError, KeyError) as e:
+        raise ValueError(f"off_policy: {str(e).strip(chr(39))}") from None
+    return name, params
+
+
 def check_params(p: dict[str, Any]) -> list[tuple[str, str]]:
     """Rules across update's params (dora validate runs them; see OpSpec.check)."""
+    try:
+        off_policy_of(p["off_policy"])
+    except ValueError as e:
+        return [("off_policy", str(e))]
     try:
         losses.LOSSES.check_params(p["loss"], loss_params(p))
     except ValueError as e:
@@ -73,6 +92,10 @@ class UpdateOp(ShardedOp):
         p = self.p = ctx.params
         label = ctx.label
         self.loss_params = loss_params(p)
+        try:
+            self.correction, self.correction_params = off_policy_of(p["off_policy"])
+        except ValueError as e:
+            raise ValueError(f"{label}: {e}") from None
         self.train_batch = ctx.async_.train_batch
         if not ctx.run_dir:
             raise ValueError(f"{label}: update needs a run_dir for weights and checkpoints")
@@ -270,37 +293,48 @@ class UpdateOp(ShardedOp):
         if len(mbs) > header["micro_batches"]:
             raise RuntimeError(f"{self.ctx.label}: {len(mbs)} micro-batches here, rank 0 planned {header['micro_batches']}")
         mbs += [None] * (header["micro_batches"] - len(mbs))
+        dev = self.ctx.device
         old: dict[int, torch.Tensor] = {}
+        token_w: dict[int, torch.Tensor] = {}
+        step_corr: off_policy.Correction | None = None    # over the whole step (every rank's rows): lr_scale, metrics
+        # a batch-wide correction's weights depend on every token of the step: pi_prox of all of it
+        # first (the same count of passes on every rank: each is a collective when sharded)
+        if off_policy.is_batch_wide(self.correction) and (len(mbs) > 1 or self.ranks > 1):
+            with torch.no_grad():
+                for k, mb in enumerate(mbs):
+                    with self.sharded.compute():
+                        old[k] = response_logprobs(self.model, self._micro_batch(cols, mb), temperature=self.temperature)[0]
+            step_corr, token_w = self._correct_step(cols, mbs, old)
         sums: dict[str, float] = {}
         weight_sum = loss_total = 0.0
         ratio_max = 0.0
         grad_norms: list[float] = []
-        dev = self.ctx.device
         lr = header["lr"]
-        kw = dict(agg=p["agg"], tis_cap=p["tis_cap"], entropy_coef=p["entropy_coef"], total_tokens=header["total_tokens"],
+        kw = dict(agg=p["agg"], entropy_coef=p["entropy_coef"], total_tokens=header["total_tokens"],
                   total_seqs=header["total_seqs"], **self.loss_params)
         for epoch in range(p["ppo_epochs"]):
             self.optimizer.zero_grad(set_to_none=True)
             for k, mb in enumerate(mbs):
                 self.ctx.progress()   # a long step is still work: the stall watchdog sees each micro-batch
-                rows = self._empty_pass() if mb is None else {c: [v[i] for i in mb] for c, v in cols.items()}
-                pb = collate(rows["prompt_ids"], rows["response_ids"], self.pad_id).to(dev)
-                if mb is None:
-                    pb.response_mask.zero_()
+                pb = self._micro_batch(cols, mb)
                 T = pb.response_ids.shape[1]
                 with self.sharded.compute():
                     logp, ent = response_logprobs(self.model, pb, temperature=self.temperature, with_entropy=True,
                                                   entropy_grad=p["entropy_coef"] != 0)
-                if epoch == 0:
+                if k not in old:
                     old[k] = logp.detach()
+                if k not in token_w:   # token by token: this micro-batch's rows alone decide them
+                    behav = pad_lists(self._rows(cols, mb)["behavior_logprobs"], T).to(dev)
+                    token_w[k] = off_policy.compute(self.correction, prox_logprobs=old[k], mask=pb.response_mask,
+                                                    behavior_logprobs=behav, **self.correction_params).weight
+                rows = self._rows(cols, mb)
                 extra = {}
                 if header["use_ref"]:
                     extra = {"ref_logprobs": pad_lists(rows["ref_logprobs"], T).to(dev), "kl_coef": p["kl_coef"],
                              "kl_estimator": p["kl_estimator"]}
                 loss, m = losses.compute(
                     p["loss"], logprobs=logp, old_logprobs=old[k], advantages=pad_lists(rows["advantages"], T).to(dev),
-                    mask=pb.response_mask, behavior_logprobs=pad_lists(rows["behavior_logprobs"], T).to(dev),
-                    entropy=ent, **kw, **extra)
+                    mask=pb.response_mask, token_weights=token_w[k], entropy=ent, **kw, **extra)
                 loss.backward()
                 loss_total += m["loss"]
                 w = m["tokens"]
@@ -309,11 +343,13 @@ class UpdateOp(ShardedOp):
                 for key, val in m.items():
                     if key not in ("loss", "pg_loss", "tokens", "ratio_max"):
                         sums[key] = sums.get(key, 0.0) + val * w
+            if step_corr is None:   # every micro-batch's pi_prox is known once the first pass is over
+                step_corr, _ = self._correct_step(cols, mbs, old)
             clip = p["grad_clip"] if p["grad_clip"] and p["grad_clip"] > 0 else float("inf")
             grad_norm = self.sharded.clip_grad_norm_(clip)   # of the whole model: the same on every rank
             grad_norms.append(grad_norm)
             for group in self.optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * step_corr.lr_scale
             if math.isfinite(grad_norm):
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -323,13 +359,48 @@ class UpdateOp(ShardedOp):
             sums = dict(zip(keys, vals))
             ratio_max = self.group.max([ratio_max])[0]
         metrics = {key: val / max(weight_sum, 1.0) for key, val in sums.items()}
+        metrics.update(step_corr.metrics)
         metrics.update({
-            "loss": loss_total / p["ppo_epochs"], "lr": lr, "ratio_max": ratio_max,
+            "loss": loss_total / p["ppo_epochs"], "lr": lr * step_corr.lr_scale, "ratio_max": ratio_max,
             "grad_norm": sum(grad_norms) / len(grad_norms),  # before clipping, mean over ppo_epochs
             "micro_batches": header["micro_batches"],
             "skipped_nonfinite_grad": sum(not math.isfinite(g) for g in grad_norms),
         })
         return metrics
+
+    def _rows(self, cols: dict[str, list], mb: list[int] | None) -> dict[str, list]:
+        return self._empty_pass() if mb is None else {c: [v[i] for i in mb] for c, v in cols.items()}
+
+    def _micro_batch(self, cols: dict[str, list], mb: list[int] | None):
+        rows = self._rows(cols, mb)
+        pb = collate(rows["prompt_ids"], rows["response_ids"], self.pad_id).to(self.ctx.device)
+        if mb is None:
+            pb.response_mask.zero_()
+        return pb
+
+    def _correct_step(self, cols: dict[str, list], mbs: list[Any], old: dict[int, torch.Tensor]
+                      ) -> tuple[off_policy.Correction, dict[int, torch.Tensor]]:
+        """The correction over the whole step, every rank's rows (gathered: lr_scale and batch-wide
+        thresholds must not depend on how rows were split), and this rank's token weights per micro-batch."""
+        mine: list[list[float]] = []   # log pi_prox - log pi_behav of each of this rank's rows, micro-batch order
+        for k, mb in enumerate(mbs):
+            for j, i in enumerate(mb or ()):
+                n = len(cols["response_ids"][i])
+                prox = old[k][j, :n].double().cpu()
+                mine.append((prox - torch.tensor(cols["behavior_logprobs"][i], dtype=torch.float64)).tolist())
+        every, offset = (mine, 0) if self.group is None else self.group.all_gather_rows(mine)
+        log_r = pad_lists(every)
+        mask = response_mask([len(r) for r in every], log_r.shape[1])
+        corr = off_policy.compute(self.correction, prox_logprobs=log_r, behavior_logprobs=torch.zeros_like(log_r),
+                                  mask=mask, **self.correction_params)
+        token_w, row = {}, offset
+        for k, mb in enumerate(mbs):   # this rank's rows sit at rows_before.. of the gathered step, in order
+            t = old[k].shape[1]
+            b = len(mb or ())
+            w = corr.weight[row: row + b, :t] if b else torch.zeros(old[k].shape)
+            token_w[k] = w.to(old[k].dtype).to(self.ctx.device)
+            row += b
+        return corr, token_w
 
     def _publish(self, seconds_train: float | None) -> None:
         """Every rank (the weights are gathered); rank 0 writes the version and reports it."""

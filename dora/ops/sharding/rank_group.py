@@ -125,6 +125,29 @@ class RankGroup:
             out.append(buf.numpy().tobytes())
         return out
 
+    def all_gather_rows(self, mine: list[list[float]]) -> tuple[list[list[float]], int]:
+        """Every rank: every rank's rows of numbers, in rank order, and where this rank's rows start.
+        (Two all_gathers of float64 tensors: the sizes, then the rows padded to the longest rank's.)"""
+        flat = [float(len(mine))] + [float(len(r)) for r in mine] + [x for r in mine for x in r]
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+        dist.all_gather(sizes, torch.tensor([len(flat)], dtype=torch.int64))
+        width = int(max(int(n) for n in sizes))
+        parts = [torch.zeros(width, dtype=torch.float64) for _ in range(self.world)]
+        dist.all_gather(parts, torch.nn.functional.pad(torch.tensor(flat, dtype=torch.float64), (0, width - len(flat))))
+        rows: list[list[float]] = []
+        offset = 0
+        for r, part in enumerate(parts):
+            values = part.tolist()
+            count = int(values[0])
+            lengths = [int(n) for n in values[1:1 + count]]
+            at = 1 + count
+            if r == self.rank:
+                offset = len(rows)
+            for n in lengths:
+                rows.append(values[at:at + n])
+                at += n
+        return rows, offset
+
     def sum(self, values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
