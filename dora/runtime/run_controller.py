@@ -478,7 +478,8 @@ class Controller:
         fresh.lost = None
         if hasattr(self.driver, "on_replica_lost"):
             self.driver.on_replica_lost(w.node, w.replica, why)
-        self.respawn_log.append({"replica": label, "why": why.splitlines()[0], "seconds": time.monotonic() - t0})
+        self.respawn_log.append({"replica": label, "why": why.splitlines()[0], "seconds": time.monotonic() - t0,
+                                 "ready_at": time.time()})   # wall clock: benchmarks/lifecycle.py times kill -> work again
 
     def _await_ready(self, fresh: _W, deadline: float) -> str | None:
         """Wait for a respawned replica to report ready; what went wrong if it did not. Other replicas
