@@ -28,4 +28,6 @@ def test_smollm2_arithmetic_short_run(tmp_path):
     assert all(0.0 <= r <= 1.0 for r in rewards), rewards
     # ~35% of first answers are right (docs/benchmarks.md): a signal, not a saturated task
     assert 0.0 < sum(rewards) / len(rewards) < 0.9, rewards
-    assert all(m["grad_norm"] > 0 for m in run.metrics)
+    # a step whose two groups are each all right or all wrong has zero advantages and no gradient
+    # (seen: both prompts of a step missed by all 8 samples); most steps carry a signal
+    assert sum(m["grad_norm"] > 0 for m in run.metrics) > len(run.metrics) / 2, [m["grad_norm"] for m in run.metrics]

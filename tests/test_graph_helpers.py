@@ -120,7 +120,11 @@ def valid_graphs(draw) -> Graph:
              "advantage": {"estimator": "gae" if with_critic else draw(st.sampled_from(["grpo", "rloo"])),
                            "kl_coef": draw(st.sampled_from([0.0, 0.01])) if with_ref else 0.0},
              "update": {"kl_coef": draw(st.sampled_from([0.0, 0.05])) if with_ref else 0.0, "weight_sync": sync,
-                        "broadcast_to": 0}}
+                        "broadcast_to": 0,
+                        # a dict whose content the op checks: any of the corrections, never an arbitrary mapping
+                        "off_policy": draw(st.sampled_from([{"name": "none"}, {"name": "tis", "cap": 2.0},
+                                                            {"name": "m2po", "m2_max": 0.04}, {"name": "ess_lr"},
+                                                            {"name": "icepop"}, {"name": "decoupled"}]))}}
     pools = {"gen": Pool("gen", "cpu", 0), "learn": Pool("learn", draw(st.sampled_from(["cpu", "gpu"])), 0)}
     nodes: dict[str, Node] = {}
     for i, (n, op) in enumerate(zip(node_names, ops)):

@@ -63,13 +63,30 @@ def test_load_into_a_different_model_is_a_clear_error(tmp_path):
         weights.load_version(src, path.replace("v000001", "v000009"))
 
 
-def test_checkpoint_loads_with_transformers(tmp_path):
+def test_training_checkpoint_loads_with_transformers_and_restores_the_optimizer(tmp_path):
     from transformers import AutoModelForCausalLM
 
+    from dora.ops.sharding.fsdp_model import ShardedModel
+
     model, tok = load_policy(TINY, "cpu", seed=3)
-    path = checkpoint.save_checkpoint(model, tok, str(tmp_path), 5, {"version": 5})
-    assert path == os.path.join(str(tmp_path), "checkpoints", "step_5")
+    sharded = ShardedModel(model, None, "cpu")
+    opt = torch.optim.AdamW(sharded.params(), lr=1e-2)
+    model(torch.tensor([[5, 6, 7]]), labels=torch.tensor([[5, 6, 7]])).loss.backward()
+    opt.step()   # AdamW now holds moments and a step count
+    path = str(tmp_path / "ckpt")
+    os.makedirs(path)
+    checkpoint.save_training_checkpoint(sharded, opt, tok, path, {"step": 5, "version": 5})
     loaded = AutoModelForCausalLM.from_pretrained(path)
     for n, t in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[n], t), n
     assert os.path.isfile(os.path.join(path, "dora_state.json"))
+
+    fresh, _ = load_policy(TINY, "cpu", seed=4)   # other weights, an empty optimizer
+    fresh_sharded = ShardedModel(fresh, None, "cpu")
+    fresh_opt = torch.optim.AdamW(fresh_sharded.params(), lr=1e-2)
+    checkpoint.load_training_checkpoint(fresh_sharded, fresh_opt, path)
+    for n, t in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[n], t), n
+    moments = [s["exp_avg"] for s in opt.state.values()]
+    restored = [s["exp_avg"] for s in fresh_opt.state.values()]
+    assert len(restored) == len(moments) > 0 and all(torch.equal(a, b) for a, b in zip(moments, restored))
