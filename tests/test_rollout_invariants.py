@@ -167,7 +167,7 @@ def test_invariants_under_chaos(mode, seed):
     assert s["lost"] == 0 and s["c2_violations"] == 0 and s["c3_violations"] == 0
     assert s["dispatched"] == dispatched_n
     assert s["trained"] + s["finished_untrained"] + s["in_flight_at_end"] + s["in_training_at_end"] == dispatched_n
-    in_flight = sum(len(i.reqs) for i in insts) + sum(len(x) for x in c._pending_retag)
+    in_flight = sum(len(i.reqs) for i in insts) + c.dispatch.held()
     assert in_flight == s["in_flight_at_end"]
     c1 = sum(m.c1_violations for m in c.step_metrics)
     if mode == "partial":
@@ -344,7 +344,7 @@ def test_dropped_groups_are_replaced_never_trained_and_accounted(mode, seed):
     assert s["dispatched"] == dispatched_n
     assert (s["trained"] + s["finished_untrained"] + s["in_flight_at_end"] + s["in_training_at_end"]
             + s["dropped"]) == dispatched_n
-    assert s["in_flight_at_end"] == sum(len(i.reqs) for i in insts) + sum(len(x) for x in c._pending_retag)
+    assert s["in_flight_at_end"] == sum(len(i.reqs) for i in insts) + c.dispatch.held()
     if mode != "partial":
         assert s["c1_violations"] == 0
     # a repeated or unknown drop changes nothing but the unknown counter
@@ -366,15 +366,15 @@ def test_urgent_spread_tightens_when_the_tail_outlasts_the_window():
     c = RolloutController(RolloutConfig(mode="dora", train_batch=8, group_size=4, max_staleness=2,
                                         urgent_batch=64, urgent_batch_tight=16), insts, take, clock)
     c.start()
-    assert c.urgent_batch == 16                       # tight until K steps of evidence
+    assert c.policy.urgent_batch == 16                       # tight until K steps of evidence
     for step, (tail, took) in enumerate([(50, 100), (50, 100), (50, 100), (500, 100), (50, 100)]):
-        c._gen_max[-1] = tail                         # longest dispatch -> finish time this interval
+        c.ledger.gen_max[-1] = tail                         # longest dispatch -> finish time this interval
         clock.t += took
         batch = [] if not c.trainer_ready() else c.take_batch()
         c.on_trained(step, step + 1, [t.uid for t in batch])
         # window = K x trainer step time (100 s each, no waits); tail = max over the last 2K steps
         want = 16 if step < 1 or step >= 3 else 64
-        assert c.urgent_batch == want, (step, c.urgent_batch)
+        assert c.policy.urgent_batch == want, (step, c.policy.urgent_batch)
 
 
 def test_dropping_a_group_that_has_not_started_keeps_the_accounting():

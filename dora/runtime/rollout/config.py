@@ -1,10 +1,8 @@
-"""Rollout configuration and the four modes as presets over the same components."""
+"""Rollout configuration: one dataclass for every mode; each mode (policies/) fills its defaults."""
 
 from __future__ import annotations
 
 import dataclasses
-
-MODES = ("sync", "one_step_off", "partial", "dora")
 
 
 class RolloutConfigError(ValueError):
@@ -30,11 +28,11 @@ class RolloutConfig:
                                          # (max generation time of recent trajectories >= K x step time)
     urgent_slack_steps: int = 2          # urgent = fewer than this many steps left before its data would be too stale
     queue_allowance_groups: int = 1      # streaming: an instance gets new groups up to slots + this many groups
-    migrate: bool = True                 # dora: move requests between same-version instances
 
     def resolved(self) -> "RolloutConfig":
         """Validate and fill mode-dependent defaults; returns a new config."""
         c = dataclasses.replace(self)
+        from .policies import MODES, POLICIES     # the policies import this module
         if c.mode not in MODES:
             raise RolloutConfigError(f"unknown rollout mode {c.mode!r}; expected one of {', '.join(MODES)}")
         if c.group_size < 1:
@@ -43,31 +41,9 @@ class RolloutConfig:
             raise RolloutConfigError(
                 f"train_batch ({c.train_batch}) must be a positive multiple of group_size ({c.group_size}): "
                 "a step trains whole groups (C2)")
-        if c.mode == "sync":
-            c.max_staleness, c.rollout_batch = 0, c.train_batch
-        elif c.mode == "one_step_off":
-            c.max_staleness, c.rollout_batch = 1, c.train_batch
-        else:
-            if c.max_staleness < 1:
-                raise RolloutConfigError(f"max_staleness must be >= 1 in mode {c.mode}, got {c.max_staleness}")
-            if c.rollout_batch == 0:
-                c.rollout_batch = c.train_batch + c.train_batch // 2
+        POLICIES[c.mode].resolve(c)
         if c.rollout_batch < c.train_batch or c.rollout_batch % c.group_size:
             raise RolloutConfigError(
                 f"rollout_batch ({c.rollout_batch}) must be a multiple of group_size ({c.group_size}) "
                 f"and >= train_batch ({c.train_batch})")
         return c
-
-    @property
-    def batch_barrier(self) -> bool:
-        """sync / one_step_off generate whole batches: dispatch TBS only when nothing is in flight."""
-        return self.mode in ("sync", "one_step_off")
-
-    @property
-    def interrupt_on_publish(self) -> bool:
-        return self.mode == "partial"
-
-    @property
-    def multi_version(self) -> bool:
-        """dora: several versions live; instances re-partitioned across them."""
-        return self.mode == "dora"

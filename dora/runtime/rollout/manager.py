@@ -18,7 +18,7 @@ TakePrompts = Callable[[int], "list[list[Request]]"]
 
 
 class RolloutManager:
-    def __init__(self, instances: list[RolloutInstance], take_prompts: TakePrompts):
+    def __init__(self, instances: list[RolloutInstance], take_prompts: TakePrompts, group_size: int = 1):
         self.instances = {i.name: i for i in instances}
         if len(self.instances) != len(instances):
             raise ValueError("rollout instance names must be unique")
@@ -27,10 +27,9 @@ class RolloutManager:
         self.on_instance: dict[str, dict[str, Request]] = {n: {} for n in self.instances}  # insertion-ordered
         self.outstanding: dict[int, int] = collections.defaultdict(int)  # current version -> in flight
         self.exhausted = False                                            # take_prompts returned fewer groups
- 
         self._hosts: dict[int | None, list[str]] | None = None
-        self.slots: dict[str, int] = {}                                   # filled by the orchestrator
-        self._group_size_hint = 1                                         # set by the controller (G)
+        self.slots: dict[str, int] = {}                                   # learnt by slots_of()
+        self.group_size = group_size                                      # G: an instance takes whole groups
 
     # -- queries ------------------------------------------------------------------------------
     @property
@@ -39,6 +38,13 @@ class RolloutManager:
 
     def load(self, name: str) -> int:
         return len(self.on_instance[name])
+
+    def slots_of(self, name: str) -> int:
+        """An instance's concurrent-request slots, asked once (one stats() call) and kept."""
+        s = self.slots.get(name)
+        if s is None:
+            s = self.slots[name] = max(1, self.instances[name].stats().slots)
+        return s
 
     def hosts(self, version: int) -> list[str]:
         if self._hosts is None:
@@ -62,7 +68,7 @@ class RolloutManager:
         names = targets if targets is not None else self.hosts(version)
         if n_groups <= 0 or not names:
             return []
-        box, g = self.on_instance, self._group_size_hint
+        box, g = self.on_instance, self.group_size
         if allowance is None:
             heap = [(len(box[n]), i, n, 1 << 60) for i, n in enumerate(names)]
         else:

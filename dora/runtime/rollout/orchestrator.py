@@ -52,13 +52,7 @@ class Orchestrator:
         self.m, self.clock, self.trace = manager, clock, trace
         self.on_load = on_load              # callback(name, version): controller loads weights + books it
         self.on_migrated = on_migrated      # callback(n_requests, kv_bytes)
-        self.slots: dict[str, int] = {}
-
-    def slots_of(self, name: str) -> int:
-        s = self.slots.get(name)
-        if s is None:
-            s = self.slots[name] = self.m.slots[name] = max(1, self.m.instances[name].stats().slots)
-        return s
+        self.slots_of = manager.slots_of
 
     def migrate(self, src: str, uids: list[str], dests: list[str]) -> int:
         """Move requests from src to the least-loaded of dests (all the same version as src)."""

@@ -1,0 +1,8 @@
+"""one_step_off: K=1, RBS=TBS. Batch t+1 is generated (with v_t) while step t trains."""
+
+from .batch import BatchPolicy
+
+
+class OneStepOffPolicy(BatchPolicy):
+    name, order = "one_step_off", 1
+    forced_staleness = 1
