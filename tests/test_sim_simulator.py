@@ -13,7 +13,7 @@ from dora.sim.clock import VirtualClock
 from dora.sim.costmodel import MODELS, CostModel
 from dora.sim.sim_instance import SimInstance
 from dora.sim.simulator import SimConfig, ideal, simulate
-from dora.sim.workloads import DapoMath, PromptSource, TraceWorkload, WorkloadError
+from dora.sim.workloads import PromptSource, TraceWorkload, WorkloadError, get_workload
 
 
 def small(mode, **kw):
@@ -135,8 +135,8 @@ def test_sim_instance_runs_exports_and_imports_without_reprefill():
 
 
 def test_workloads(tmp_path):
-    p, r, _ = DapoMath().mean_lengths(n=20000)
-    assert 2500 < r < 3800 and p < 2048
+    w = get_workload("dapo-math", None).stats(n=20000)
+    assert 2500 < w.decoded < 3800 and w.prompt < 2048
     f = tmp_path / "t.jsonl"
     f.write_text('{"prompt_tokens": 10, "response_tokens": 20}\n{"prompt_tokens": 30, "response_tokens": 40}\n')
     groups = PromptSource(TraceWorkload(str(f)), 4, seed=1)(3)

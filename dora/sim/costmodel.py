@@ -105,7 +105,34 @@ class CostModel:
         """Trainer -> rollout weight hand-off (gather/reshard to a servable copy)."""
         return self.model.weight_bytes / self.hw.p2p_bw + 1.0
 
-    # -- ideal bound ------------------------------------------------------------------------------
+    # -- bounds -----------------------------------------------------------------------------------
+    def lone_s(self, prompt: int, response) -> float:
+        """Seconds one trajectory takes alone on an instance (batch 1, nothing else running): the
+        fastest it can ever be generated. `response` is a length or a Turns plan (tool waits and
+        the prefill of tool outputs count; the context is reloaded from host after each tool)."""
+        a = self.t_fixed + self.t_sched_per_seq + max(self.t_weights, self.t_flops_per_seq)
+        b = self.t_per_ctx_token
+        turns = response.outs if hasattr(response, "outs") else (int(response),)
+        t, ctx = self.prefill_s(prompt), prompt
+        for i, o in enumerate(turns):
+            t += o * a + b * (o * ctx + o * (o - 1) / 2)
+            ctx += o
+            if i < len(turns) - 1:
+                tool = response.tools[i]
+                t += (response.waits[i] + self.kv_reload_s(ctx * self.model.kv_bytes_per_token)
+                      + self.prefill_s(tool, ctx))
+                ctx += tool
+        return t
+
+    def rollout_gpu_s(self, prompt: float, decoded: float, tool_tokens: float, ctx_per_decoded: float) -> float:
+        """GPU-seconds to generate one trajectory at the most efficient batch (mean lengths)."""
+        prefill = self.prefill_s(int(prompt)) + self.prefill_s(int(tool_tokens), int(ctx_per_decoded))
+        return decoded * self.gpu_s_per_decoded_token(ctx_per_decoded) + prefill * self.model.tp
+
+    def train_gpu_s(self, tokens: float) -> float:
+        """GPU-seconds of training work per step for `tokens` (without the fixed per-step part)."""
+        return tokens * self.train_flops_per_token / (self.hw.flops * self.hw.mfu_train)
+
     def gpu_s_per_decoded_token(self, mean_ctx: float) -> float:
         """Decode GPU-seconds per token at a full batch (the most efficient point)."""
         b = self.model.max_batch

@@ -63,10 +63,10 @@ def placement(cfg: SimConfig, cost: CostModel, workload: Workload) -> tuple[int,
         train = cfg.train_gpus
     else:
         # balance: minimise max(trainer time (fixed + work / train GPUs), rollout time (work / rollout GPUs))
-        p, r, ctx = workload.mean_lengths()
+        w = workload.stats()
         n = cfg.train_batch
-        roll = n * (r * cost.gpu_s_per_decoded_token(ctx) + cost.prefill_s(int(p)) * tp) / ROLLOUT_EFFICIENCY
-        trn = n * (p + r) * cost.train_flops_per_token / (cost.hw.flops * cost.hw.mfu_train)
+        roll = n * cost.rollout_gpu_s(w.prompt, w.decoded, w.tool_tokens, w.ctx_per_decoded) / ROLLOUT_EFFICIENCY
+        trn = cost.train_gpu_s(n * w.train_tokens)
         train = min(range(1, cfg.gpus - tp + 1),
                     key=lambda t: max(cost.train_fixed_s + trn / t, roll / ((cfg.gpus - t) // tp * tp)))
     rollout = (cfg.gpus - train) // tp
@@ -76,15 +76,21 @@ def placement(cfg: SimConfig, cost: CostModel, workload: Workload) -> tuple[int,
 
 
 def ideal(cfg: SimConfig) -> dict[str, float]:
-    """The bound with no bubbles: rollout decodes at its most efficient batch, nothing ever waits.
-    Best of: colocated (all step work over all GPUs, plus the trainer's fixed per-step cost) and
-    disaggregated at the best real-valued split T (max(fixed + train work / T, rollout work / (N - T)))."""
+    """The best step time any mode could reach at staleness K = cfg.max_staleness: the larger of
+    two bounds, both reported.
+    - capacity: the step's work with no bubble, rollout at its most efficient batch; the best of
+      colocated (all work over all GPUs, plus the trainer's fixed per-step cost) and disaggregated
+      at the best real-valued split T (max(fixed + train work / T, rollout work / (N - T))).
+    - latency floor: a step's longest trajectory cannot be generated faster than alone on an
+      instance (batch 1: `CostModel.lone_s`). With K = 0 it precedes the step's training; with
+      K >= 1 its version's data may be trained up to K steps after the version is published, and
+      a version can hold at most (K+1) x TBS trajectories (the staleness room), so over a run
+      only every (K+1)-th version needs to carry the long ones: step >= lone / (K + 1)."""
     cost = CostModel(MODELS[cfg.model])
-    w = get_workload(cfg.workload, cfg.trace_file)
-    p, r, ctx = w.mean_lengths(seed=cfg.seed + 1)
+    w = get_workload(cfg.workload, cfg.trace_file).stats(seed=cfg.seed + 1, step_trajectories=cfg.train_batch)
     n, N = cfg.train_batch, cfg.gpus
-    roll = n * (r * cost.gpu_s_per_decoded_token(ctx) + cost.prefill_s(int(p)) * cost.model.tp)
-    trn = n * (p + r) * cost.train_flops_per_token / (cost.hw.flops * cost.hw.mfu_train)
+    roll = n * cost.rollout_gpu_s(w.prompt, w.decoded, w.tool_tokens, w.ctx_per_decoded)
+    trn = cost.train_gpu_s(n * w.train_tokens)
     colocated = (roll + trn) / N + cost.train_fixed_s
     lo, hi = 1e-6, N - 1e-6                  # trainer time falls with T, rollout time rises: bisect
     for _ in range(100):
@@ -94,8 +100,14 @@ def ideal(cfg: SimConfig) -> dict[str, float]:
         else:
             hi = t
     split = max(cost.train_fixed_s + trn / lo, roll / (N - lo))
-    step = min(colocated, split)
-    return {"mode": "ideal", "step_time_s": step, "tokens_per_s": n * (p + r) / step,
+    capacity = min(colocated, split)
+    lone = cost.lone_s(w.longest_prompt, w.longest)
+    k = cfg.max_staleness
+    floor = lone + cost.train_fixed_s + trn / N if k == 0 else lone / (k + 1)
+    step = max(capacity, floor)
+    return {"mode": "ideal", "step_time_s": step, "tokens_per_s": n * w.train_tokens / step,
+            "capacity_step_s": capacity, "latency_floor_step_s": floor, "longest_alone_s": lone,
+            "bound": "capacity" if capacity >= floor else "latency",
             "rollout_only_fraction": 0.0, "bubble_fraction": 0.0, "overhead_fraction": 0.0}
 
 
@@ -163,7 +175,7 @@ def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) ->
             i._advance()
         tp = cost.model.tp
         return {"t": clock.now(),
-                "roll_busy": tp * sum(i.decode_s + i.prefill_s + i.load_s + i.kv_import_s for i in instances),
+                "roll_busy": tp * sum(i.busy_s() for i in instances),
                 "overhead": tp * sum(i.load_s + i.kv_import_s for i in instances),
                 "train": trainer.train_s * train_gpus, "tokens": trainer.tokens,
                 "rollout_only": ctl.totals["rollout_only_s"]}
@@ -196,7 +208,7 @@ def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) ->
         "train_gpus": train_gpus, "colocated": colocated, "steps": cfg.steps, "warmup_steps": warm,
         "step_time_s": span / steps, "tokens_per_s": tokens / span,
         "rollout_only_fraction": (end["rollout_only"] - snap["rollout_only"]) / span,
-        "bubble_fraction": max(0.0, 1 - busy / gpu_s),
+        "bubble_fraction": max(0.0, 1 - busy / gpu_s),       # idle device-time / device-time, every device
         "overhead_fraction": (end["overhead"] - snap["overhead"]) / gpu_s,
         "staleness_max": max(stal), "staleness_mean": sum(m.staleness_mean for m in sm) / len(sm),
         "c1_violations": summary["c1_violations"], "c2_violations": summary["c2_violations"],

@@ -34,6 +34,7 @@ class RequestState:
     kv_bytes: int = 0
     payload: Any = None
     token_versions: tuple[int, ...] = ()   # distinct versions that generated tokens so far
+    resume_at: float | None = None         # multi-turn: between turns, the tool's output is due then (clock time)
 
 
 @dataclasses.dataclass(slots=True)
