@@ -93,10 +93,14 @@ def make_prompts(g, rng):
     return take, counter
 
 
-def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3):
+def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3, elastic=0):
+    """`elastic`: that many extra instances are lent while the trainer waits and reclaimed (their
+    requests moved off) once its batch is ready."""
     rng = random.Random(seed)
     clock = Clock()
     insts = [FakeInstance(f"i{j}") for j in range(n_inst)]
+    spare = [FakeInstance(f"e{j}") for j in range(elastic)]
+    lent = False
     take, counter = make_prompts(g, rng)
     cfg = RolloutConfig(mode=mode, train_batch=tbs, group_size=g, max_staleness=k, rebalance_period_s=1.0,
                         urgent_batch=2)
@@ -112,7 +116,7 @@ def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3):
         if len(batches) >= steps:
             break
         clock.t += rng.uniform(0.1, 2.0)
-        inst = rng.choice(insts)
+        inst = rng.choice(insts + (spare if lent else []))
         fin = inst.progress(rng)
         if fin:
             c.on_finished(inst.name, fin)
@@ -120,7 +124,15 @@ def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3):
             c.tick()
         if rng.random() < 0.1:
             c.rebalance()                 # forced extra rebalances: many migrations
-        if training is None and c.trainer_ready():
+        if spare and training is None:
+            if lent and c.trainer_ready():
+                c.reclaim()
+                assert not any(i.reqs for i in spare), "a reclaimed device still holds requests"
+                lent = False
+            elif not lent and not c.trainer_ready() and rng.random() < 0.5:
+                c.lend(spare)
+                lent = True
+        if training is None and c.trainer_ready() and not lent:
             batch = c.take_batch()
             step = len(batches)
             batches.append((step, batch))
@@ -140,17 +152,17 @@ def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3):
         if live:
             assert min(live) >= c.queue.next_step - kk
             assert max(live) - min(live) <= kk
-        for i in insts:                    # every request sits on an instance of its own version
+        for i in insts + spare:            # every request sits on an instance of its own version
             for s in i.reqs.values():
                 assert s["r"].version == i.version
     assert len(batches) >= steps, f"{mode}: only {len(batches)} steps (stuck?)"
-    return c, batches, trained, counter[0] * g, insts
+    return c, batches, trained, counter[0] * g, insts + spare
 
 
 @pytest.mark.parametrize("mode", ["sync", "one_step_off", "partial", "dora"])
-@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
-def test_invariants_under_chaos(mode, seed):
-    c, batches, trained, dispatched_n, insts = run_chaos(mode, seed)
+@pytest.mark.parametrize("seed, elastic", [(0, 0), (1, 0), (2, 0), (3, 2), (4, 3)])
+def test_invariants_under_chaos(mode, seed, elastic):
+    c, batches, trained, dispatched_n, insts = run_chaos(mode, seed, elastic=elastic)
     k = c.cfg.max_staleness
     assert len(trained) == len(set(trained)), "a trajectory was trained twice"
     for step, batch in batches:

@@ -94,6 +94,7 @@ class SimInstance:
         self.decode_s = self.prefill_s = self.reprefill_s = self.load_s = self.kv_import_s = 0.0
         self.occupied_s = 0.0        # decode time x occupancy (see the module doc)
         self.tool_reload_s = 0.0     # host -> GPU copies of contexts back from a tool wait
+        self.switch_s = 0.0          # elastic: trainer state offloaded before serving rollout
         self.tokens = 0
         self.reprefill_tokens = 0
         self.preemptions = 0
@@ -128,7 +129,17 @@ class SimInstance:
     def busy_s(self) -> float:
         """Device-seconds of work (per GPU of the instance): decode weighted by occupancy, prefill,
         weight loads, KV moves and reloads."""
-        return self.occupied_s + self.prefill_s + self.load_s + self.kv_import_s + self.tool_reload_s
+        return self.occupied_s + self.prefill_s + self.load_s + self.kv_import_s + self.tool_reload_s + self.switch_s
+
+    def overhead_s(self) -> float:
+        """Device-seconds spent on orchestration rather than generation: weight loads, KV moves, switches."""
+        return self.load_s + self.kv_import_s + self.switch_s
+
+    def switch(self, seconds: float) -> None:
+        """Elastic: a trainer device becomes this instance after `seconds` of moving trainer state."""
+        self._advance()
+        self._stall(seconds)
+        self.switch_s += seconds
 
     def _stall(self, seconds: float) -> None:
         self.busy_until = max(self.busy_until, self.clock.now()) + seconds

@@ -18,6 +18,7 @@ from dora.runtime.rollout import RolloutConfig, RolloutController, TraceWriter
 
 from .clock import VirtualClock
 from .costmodel import MODELS, CostModel
+from .elastic_devices import ElasticDevices
 from .sim_instance import SimInstance
 from .trainer import SimTrainer
 from .workloads import PromptSource, Workload, get_workload
@@ -50,6 +51,7 @@ class SimConfig:
     rollout: dict = dataclasses.field(default_factory=dict)   # extra RolloutConfig fields (thresholds)
     max_idle_sim_s: float = 86400.0  # no training step for this long (simulated) = stuck
     drop_groups: float = 0.0        # DAPO dynamic sampling: this fraction of finished groups is dropped (seeded)
+    elastic: bool = False           # trainer devices serve rollout while the trainer waits (every mode; sync has none)
 
 
 def placement(cfg: SimConfig, cost: CostModel, workload: Workload) -> tuple[int, int, bool]:
@@ -158,6 +160,12 @@ def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) ->
             raise SimulationError("colocated mode started training while rollout was still generating")
 
     trainer = SimTrainer(ctl, cost, clock, train_gpus, trace, colocation_check)
+    lendable = [SimInstance(f"elastic{i}", cost, clock, on_finished, trace)
+                for i in range(train_gpus // cost.model.tp if cfg.elastic and not colocated else 0)]
+    for i in lendable:
+        i.slots = cfg.max_batch or i.slots
+    elastic = ElasticDevices(ctl, cost, clock, train_gpus, lendable)
+    trainer.blocked = elastic.blocked
 
     def tick() -> None:
         ctl.tick()
@@ -171,13 +179,14 @@ def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) ->
     snap: dict[str, float] = {}
 
     def busy_snapshot() -> dict[str, float]:
-        for i in instances:
+        everyone = instances + lendable
+        for i in everyone:
             i._advance()
         tp = cost.model.tp
         return {"t": clock.now(),
-                "roll_busy": tp * sum(i.busy_s() for i in instances),
-                "overhead": tp * sum(i.load_s + i.kv_import_s for i in instances),
-                "train": trainer.train_s * train_gpus, "tokens": trainer.tokens,
+                "roll_busy": tp * sum(i.busy_s() for i in everyone),
+                "overhead": tp * sum(i.overhead_s() for i in everyone) + train_gpus * elastic.handback_s,
+                "train": (trainer.train_s + elastic.handback_s) * train_gpus, "tokens": trainer.tokens,
                 "rollout_only": ctl.totals["rollout_only_s"]}
 
     if warm == 0:
@@ -186,6 +195,7 @@ def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) ->
     while trainer.step < cfg.steps:
         if not clock.step():
             raise SimulationError(f"{cfg.mode}: event queue empty before step {trainer.step}")
+        elastic.step(not (trainer.busy or trainer.publishing))
         trainer.maybe_start()
         if trainer.step_ends and trainer.step_ends[-1] > last_step_t:
             last_step_t = trainer.step_ends[-1]
@@ -218,5 +228,6 @@ def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) ->
         "weight_loads": summary["weight_loads"], "rebalances": summary["rebalances"],
         "total_time_s": end["t"], "trajectories_trained": summary["trained"],
         "in_flight_at_end": summary["in_flight_at_end"], "finished_untrained": summary["finished_untrained"],
-        "lost": summary["lost"], "dropped": summary["dropped"], "per_step": [m.to_dict() for m in sm],
+        "lost": summary["lost"], "dropped": summary["dropped"], "elastic": bool(lendable),
+        "elastic_lends": elastic.lends, "per_step": [m.to_dict() for m in sm],
     }

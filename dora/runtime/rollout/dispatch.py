@@ -7,13 +7,16 @@ a host of the newest version); the policies decide when each action happens.
 
 from __future__ import annotations
 
+import collections
+from typing import Callable
+
 from ..clock import Clock
 from .config import RolloutConfig
 from .ledger import Ledger
 from .manager import RolloutManager
 from .trace import TraceWriter
 from .transfer_queue import TransferQueue
-from .types import Request
+from .types import Request, RequestState
 
 
 class Dispatcher:
@@ -23,11 +26,40 @@ class Dispatcher:
         self.newest = newest
         self.allowance = cfg.queue_allowance_groups * cfg.group_size
         self.pending_retag: list[list[Request]] = []   # unstarted groups moved to the newest version
+        self.parked: list[tuple[Request, RequestState]] = []  # taken off a leaving instance, no host of their version yet
         self.hosting_since: dict[str, float] = {}      # instance -> since when it hosts its version (trace)
 
     def held(self) -> int:
-        """Trajectories dispatched but on no instance (retagged, waiting for a newest host)."""
-        return sum(len(x) for x in self.pending_retag)
+        """Trajectories dispatched but on no instance (retagged and waiting for a newest host, or
+        parked with their KV in host memory until an instance hosts their version)."""
+        return sum(len(x) for x in self.pending_retag) + len(self.parked)
+
+    def park(self, reqs: list[Request], states: list[RequestState]) -> None:
+        by_uid = {r.uid: r for r in reqs}
+        self.parked.extend((by_uid[s.uid], s) for s in states)
+
+    def place_parked(self) -> None:
+        """Parked requests go to the least-loaded host of their version, or to an empty instance
+        that then loads it."""
+        if not self.parked:
+            return
+        m = self.m
+        left, per = [], collections.defaultdict(list)
+        for req, st in self.parked:
+            hosts = [n for n in m.hosts(st.version) if n not in m.lent]
+            if not hosts:
+                empty = [n for n, i in m.instances.items() if n not in m.lent and not m.on_instance[n]]
+                if not empty:
+                    left.append((req, st))
+                    continue
+                self.load(empty[0], st.version)
+                hosts = [empty[0]]
+            name = min(hosts, key=lambda n: m.load(n) + len(per[n]))
+            per[name].append((req, st))
+        self.parked = left
+        for name, pairs in per.items():
+            m.place(name, [r for r, _ in pairs])
+            m.instances[name].import_([st for _, st in pairs])
 
     def release_pending(self, group_id: str) -> list[Request] | None:
         """Take a retagged, not yet resubmitted group out (a filter dropped it): never generated."""
@@ -73,16 +105,16 @@ class Dispatcher:
                 self.load(name, self.newest)
         self.send(self.newest, n // cfg.group_size)
 
-    def legacy_fill(self) -> None:
-        """Older versions get new prompts only into idle slots, and only while they have at least
-        `legacy_min_slack_steps` steps left before their data would become too stale."""
+    def legacy_fill(self, can_start: Callable[[int], bool]) -> None:
+        """Older versions get new prompts only into idle slots, and only while a request started
+        now would be done before the version's deadline (`can_start`)."""
         cfg, m, g = self.cfg, self.m, self.cfg.group_size
         if m.exhausted:
             return
         for v in sorted({i.version for i in m.instances.values() if i.version is not None}):
-            if v >= self.newest or v + cfg.max_staleness - self.queue.next_step < cfg.legacy_min_slack_steps:
+            if v >= self.newest or not can_start(v):
                 continue
-            idle = [n for n in m.hosts(v) if m.load(n) + g <= m.slots_of(n)]
+            idle = [n for n in m.hosts(v) if n not in m.lent and m.load(n) + g <= m.slots_of(n)]
             if cfg.legacy_kv_max < 1:       # free slots are not idle when the KV cache is the limit
                 idle = [n for n in idle if self._kv_room(n, cfg.legacy_kv_max)]
             slots = sum(m.slots_of(n) - m.load(n) for n in idle)
@@ -150,6 +182,32 @@ class Dispatcher:
         for n, reqs in per.items():
             m.place(n, reqs)
             m.instances[n].submit(reqs)
+
+    def migrate(self, src: str, uids: list[str], dests: list[str]) -> int:
+        """Move requests from src to the least-loaded of dests (all the same version as src)."""
+        m = self.m
+        if not uids or not dests:
+            return 0
+        version = m.instances[src].version
+        assert all(m.instances[d].version == version for d in dests), "migration across versions"
+        states = m.instances[src].export(uids)
+        reqs = {r.uid: r for r in m.forget(src, [s.uid for s in states])}
+        loads = {d: m.load(d) - m.slots_of(d) for d in dests}
+        per: dict[str, list] = collections.defaultdict(list)
+        for s in states:
+            d = min(loads, key=loads.__getitem__)
+            per[d].append(s)
+            loads[d] += 1
+        kv = 0
+        for d, ss in per.items():
+            m.place(d, [reqs[s.uid] for s in ss])
+            m.instances[d].import_(ss)
+            kv += sum(s.kv_bytes for s in ss)
+        now = self.clock.now()
+        self.trace.instant("orchestrator", "migrations", f"migrate v{version}", now,
+                           src=src, dests=sorted(per), requests=len(states), kv_bytes=kv)
+        self.ledger.count_migration(len(states), kv)
+        return len(states)
 
     # -- weights ------------------------------------------------------------------------------------
     def load(self, name: str, version: int) -> None:

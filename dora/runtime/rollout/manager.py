@@ -30,6 +30,7 @@ class RolloutManager:
         self._hosts: dict[int | None, list[str]] | None = None
         self.slots: dict[str, int] = {}                                   # learnt by slots_of()
         self.group_size = group_size                                      # G: an instance takes whole groups
+        self.lent: set[str] = set()                                       # trainer devices serving rollout (elastic)
 
     # -- queries ------------------------------------------------------------------------------
     @property
@@ -53,6 +54,25 @@ class RolloutManager:
                 h[i.version].append(n)
             self._hosts = h
         return list(self._hosts.get(version, ()))
+
+    def add_instance(self, inst: RolloutInstance, lent: bool = False) -> None:
+        """A rollout instance joins the pool (`lent`: a trainer device serving rollout for a while)."""
+        if inst.name in self.instances:
+            raise ValueError(f"rollout instance {inst.name!r} is already in the pool")
+        self.instances[inst.name] = inst
+        self.on_instance[inst.name] = {}
+        if lent:
+            self.lent.add(inst.name)
+        self._hosts = None
+
+    def remove_instance(self, name: str) -> None:
+        """An instance leaves the pool; it must hold no request."""
+        if self.on_instance[name]:
+            raise RuntimeError(f"remove_instance({name}): {len(self.on_instance[name])} requests still on it")
+        del self.instances[name], self.on_instance[name]
+        self.slots.pop(name, None)
+        self.lent.discard(name)
+        self._hosts = None
 
     def versions_changed(self) -> None:
         """Call after any load_version: the hosts cache is rebuilt on next use."""

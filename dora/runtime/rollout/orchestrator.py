@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import collections
 import math
+from typing import Iterable
 
+from .dispatch import Dispatcher
 from .manager import RolloutManager
-from .trace import TraceWriter
 
 
 def partition(total: int, load: dict[int, int]) -> dict[int, int]:
@@ -48,57 +49,38 @@ def partition(total: int, load: dict[int, int]) -> dict[int, int]:
 
 
 class Orchestrator:
-    def __init__(self, manager: RolloutManager, clock, trace: TraceWriter, on_load, on_migrated):
-        self.m, self.clock, self.trace = manager, clock, trace
-        self.on_load = on_load              # callback(name, version): controller loads weights + books it
-        self.on_migrated = on_migrated      # callback(n_requests, kv_bytes)
+    """Decides; the Dispatcher does (weight loads, migrations)."""
+
+    def __init__(self, manager: RolloutManager, dispatcher: Dispatcher):
+        self.m, self.d = manager, dispatcher
         self.slots_of = manager.slots_of
+        self.migrate = dispatcher.migrate
 
-    def migrate(self, src: str, uids: list[str], dests: list[str]) -> int:
-        """Move requests from src to the least-loaded of dests (all the same version as src)."""
+    def rebalance(self, newest: int, inject: int, urgent: Iterable[int] = (), urgent_batch: int = 0) -> dict[str, int]:
+        """`urgent`: versions whose stragglers must be sped up (spread to <= urgent_batch requests
+        per instance)."""
         m = self.m
-        if not uids or not dests:
-            return 0
-        version = m.instances[src].version
-        assert all(m.instances[d].version == version for d in dests), "migration across versions"
-        states = m.instances[src].export(uids)
-        reqs = {r.uid: r for r in m.forget(src, [s.uid for s in states])}
-        loads = {d: m.load(d) - self.slots_of(d) for d in dests}
-        per: dict[str, list] = collections.defaultdict(list)
-        for s in states:
-            d = min(loads, key=loads.__getitem__)
-            per[d].append(s)
-            loads[d] += 1
-        kv = 0
-        for d, ss in per.items():
-            m.place(d, [reqs[s.uid] for s in ss])
-            m.instances[d].import_(ss)
-            kv += sum(s.kv_bytes for s in ss)
-        now = self.clock.now()
-        self.trace.instant("orchestrator", "migrations", f"migrate v{version}", now,
-                           src=src, dests=sorted(per), requests=len(states), kv_bytes=kv)
-        self.on_migrated(len(states), kv)
-        return len(states)
-
-    def rebalance(self, newest: int, inject: int, next_step: int | None = None, max_staleness: int = 0,
-                  urgent_batch: int = 0, urgent_slack: int = 2) -> dict[str, int]:
-        m = self.m
+        # lent trainer devices (elastic) are extra instances of the newest version, outside the partition
+        regular = {n: i for n, i in m.instances.items() if n not in m.lent}
         load = dict(m.outstanding)
+        for n in m.lent:
+            v = m.instances[n].version
+            load[v] = load.get(v, 0) - m.load(n)
         if inject:
             load[newest] = load.get(newest, 0) + inject
-        targets = partition(len(m.instances), load) or {newest: len(m.instances)}
-        urgent = self._urgent(load, newest, next_step, max_staleness, urgent_slack)
+        targets = partition(len(regular), load) or {newest: len(regular)}
+        urgent = [v for v in urgent if load.get(v) and v != newest]
         if urgent_batch and urgent:
             # deadline: a version the trainer must drain by the next step gets instances enough for
             # small batches (faster tokens), taken from the newest version's share
             for v in urgent:
-                want = min(-(-load[v] // urgent_batch), len(m.instances) - 1)
+                want = min(-(-load[v] // urgent_batch), len(regular) - 1)
                 give = min(want - targets.get(v, 0), targets.get(newest, 0) - 1)
                 if give > 0:
                     targets[v] = targets.get(v, 0) + give
                     targets[newest] -= give
         hosts: dict[int | None, list[str]] = collections.defaultdict(list)
-        for n, inst in m.instances.items():
+        for n, inst in regular.items():
             hosts[inst.version].append(n)
         free: list[str] = []
         for v, names in list(hosts.items()):
@@ -136,15 +118,9 @@ class Orchestrator:
             if m.instances[n].version != newest:
                 moves[n] = newest
         for n, v in moves.items():
-            self.on_load(n, v)
+            self.d.load(n, v)
         self.balance_within_versions(urgent if urgent_batch else ())
         return moves
-
-    @staticmethod
-    def _urgent(load: dict[int, int], newest: int, next_step: int | None, k: int, slack: int) -> list[int]:
-        if next_step is None:
-            return []
-        return [v for v, n in load.items() if n and v != newest and v + k - next_step < slack]
 
     def balance_within_versions(self, even: tuple | list = ()) -> int:
         """Move queued-beyond-slots requests to same-version peers with free slots; for versions

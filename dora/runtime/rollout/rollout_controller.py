@@ -11,11 +11,13 @@ RolloutInstance protocol. The driver (simulator or real runtime) calls:
     c.on_published(version)                 # new weights can be loaded by rollout instances
     c.on_dropped(uids, reason)              # a filter dropped these groups (e.g. DAPO dynamic sampling)
     c.tick()                                # periodically (every few seconds)
+    c.lend(instances) / c.reclaim()         # elastic: trainer devices serve rollout while it waits
     summary = c.finish()                    # end of run: accounting of every dispatched uid
 
 The parts, one role each: RolloutManager (where every request is), TransferQueue (finished
 trajectories, staleness), Ledger (accounting and step metrics), Dispatcher (sending prompts,
-loading weights), and the mode's RolloutPolicy (policies/: what each event means in that mode).
+loading weights, moving requests), Lending (elastic trainer devices), and the mode's
+RolloutPolicy (policies/: what each event means in that mode).
 This class fixes the order in which they see each event.
 """
 
@@ -26,6 +28,7 @@ from typing import Any, Callable, Sequence
 from ..clock import Clock
 from .config import RolloutConfig
 from .dispatch import Dispatcher
+from .elastic import Lending
 from .ledger import Ledger, StepMetrics
 from .manager import RolloutManager
 from .policies import POLICIES
@@ -51,6 +54,7 @@ class RolloutController:
         self.ledger = Ledger(cfg.train_batch, cfg.max_staleness, self.queue, self.trace)
         self.dispatch = Dispatcher(cfg, self.manager, self.queue, self.ledger, clock, self.trace, initial_version)
         self.policy = POLICIES[cfg.mode](self)
+        self.lending = Lending(self)
 
     # what drivers and tests read
     @property
@@ -187,6 +191,19 @@ class RolloutController:
         if self.policy.rebalance():
             self._dispatch()
 
+    def lend(self, instances: Sequence[RolloutInstance]) -> None:
+        """Elastic: these instances (on trainer devices) serve the newest version until reclaim()."""
+        self.lending.lend(instances)
+        self._dispatch()
+
+    def reclaim(self) -> dict[str, tuple[int, int]]:
+        """Elastic: empty the lent instances (requests move with their KV) and drop them from the
+        pool. Returns name -> (requests moved, KV bytes moved)."""
+        out = self.lending.reclaim()
+        self._dispatch()
+        return out
+
     def _dispatch(self) -> None:
+        self.dispatch.place_parked()
         if not self.manager.exhausted:
             self.policy.dispatch()

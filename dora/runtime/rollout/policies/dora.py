@@ -8,6 +8,7 @@ hosting an old version loads the newest at once."""
 
 from __future__ import annotations
 
+from ..deadlines import Deadlines
 from ..orchestrator import Orchestrator
 from ..triggers import Triggers
 from .base import RolloutPolicy
@@ -19,8 +20,9 @@ class DoraPolicy(RolloutPolicy):
     def __init__(self, controller):
         super().__init__(controller)
         c = controller
-        self.orch = Orchestrator(c.manager, c.clock, c.trace, c.dispatch.load, c.ledger.count_migration)
+        self.orch = Orchestrator(c.manager, c.dispatch)
         self.triggers = Triggers(c.cfg, c.manager, c.clock)
+        self.deadlines = Deadlines(c.ledger, c.queue, c.cfg.max_staleness, c.clock)
         self.urgent_batch = c.cfg.urgent_batch_tight     # until K steps tell (see _adapt_urgent_batch)
 
     def start(self, now: float) -> None:
@@ -48,12 +50,12 @@ class DoraPolicy(RolloutPolicy):
         t0 = c.clock.now()
         self.triggers.last_rebalance = t0
         c.ledger.totals["rebalances"] += 1
-        moves = self.orch.rebalance(d.newest, d.room() + d.held(), c.queue.next_step, c.cfg.max_staleness,
-                                    self.urgent_batch, c.cfg.urgent_slack_steps)
+        urgent = [v for v in c.manager.outstanding if v != d.newest and self.deadlines.at_risk(v)]
+        moves = self.orch.rebalance(d.newest, d.room() + d.held(), urgent, self.urgent_batch)
         d.place_pending_retag()
         if moves:
             c.trace.instant("orchestrator", "rebalance", "rebalance", t0, moves=dict(moves))
-        d.legacy_fill()
+        d.legacy_fill(self.deadlines.can_start)
         return True
 
     def _adapt_urgent_batch(self) -> None:
