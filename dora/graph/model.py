@@ -79,6 +79,7 @@ class AsyncConfig:
     max_staleness: int = 1       # K
     rollout_batch: int = 32      # RBS: prompts-worth of trajectories dispatched per step
     train_batch: int = 32        # TBS: trajectories consumed per training step
+    elastic: bool = False        # trainer devices waiting for a batch serve rollout (simulator only so far)
     loc: SourceLoc = dataclasses.field(default_factory=SourceLoc, compare=False)
 
 

@@ -252,6 +252,12 @@ def _check_async(g: Graph, sch: Schemas, diags: list[Diagnostic]) -> None:
         v = getattr(a, key)
         if not _is_int(v) or v < lo:
             diags.append(error(f"async.{key} must be an int >= {lo}, got {v!r}", g.loc_of(f"async.{key}")))
+    if not isinstance(a.elastic, bool):
+        diags.append(error(f"async.elastic must be true or false, got {a.elastic!r}", g.loc_of("async.elastic")))
+    elif a.elastic:
+        diags.append(error("async.elastic: lending trainer devices to rollout is simulated only for now "
+                           "(dora simulate --elastic); dora run cannot do it yet", g.loc_of("async.elastic"),
+                           hint="remove async.elastic, or compare with: dora simulate --elastic"))
     # whole groups (C2) and exactly train_batch per step only fit together if groups divide it
     for n, spec in sch.specs.items():
         params = sch.params.get(n)

@@ -24,7 +24,7 @@ NODE_KEYS = ("op", "params", "pool", "replicas", "inputs")
 EDGE_KEYS = ("from", "group_by", "capacity", "capacity_bytes", "routing")
 POOL_KEYS = ("device", "count")
 WEIGHTS_KEYS = ("from", "to")
-ASYNC_KEYS = ("mode", "max_staleness", "rollout_batch", "train_batch")
+ASYNC_KEYS = ("mode", "max_staleness", "rollout_batch", "train_batch", "elastic")
 COMMAND_LINE = SourceLoc("<command line>", None)
 _DOLLAR_BRACE = re.compile(r"(\\*)\$\{")
 
@@ -387,6 +387,8 @@ def graph_to_data(g: Graph) -> dict[str, Any]:
         d["weights"] = [{"from": w.src, "to": w.dst} for w in g.weights]
     a = g.async_
     d["async"] = {"mode": a.mode, "max_staleness": a.max_staleness, "rollout_batch": a.rollout_batch, "train_batch": a.train_batch}
+    if a.elastic:
+        d["async"]["elastic"] = a.elastic
     for k, v in g.extra.items():
         if k != "description":
             d[k] = v
