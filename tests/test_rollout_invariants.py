@@ -102,8 +102,7 @@ def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3, elastic=0):
     spare = [FakeInstance(f"e{j}") for j in range(elastic)]
     lent = False
     take, counter = make_prompts(g, rng)
-    cfg = RolloutConfig(mode=mode, train_batch=tbs, group_size=g, max_staleness=k, rebalance_period_s=1.0,
-                        urgent_batch=2)
+    cfg = RolloutConfig(mode=mode, train_batch=tbs, group_size=g, max_staleness=k, rebalance_period_s=1.0)
     c = RolloutController(cfg, insts, take, clock)
     c.start()
     trained: list[str] = []
@@ -267,7 +266,7 @@ def run_with_drops(mode, seed, steps=25, n_inst=5, g=4, tbs=16, k=3, p_drop=0.3)
     insts = [FakeInstance(f"i{j}") for j in range(n_inst)]
     take, counter = make_prompts(g, rng)
     c = RolloutController(RolloutConfig(mode=mode, train_batch=tbs, group_size=g, max_staleness=k,
-                                        rebalance_period_s=1.0, urgent_batch=2), insts, take, clock)
+                                        rebalance_period_s=1.0), insts, take, clock)
     c.start()
     finished: dict[str, set[str]] = collections.defaultdict(set)
     dropped_groups: set[str] = set()
@@ -371,22 +370,44 @@ def test_drops_revoke_taken_batches():
     assert revs > 0, "the harness must exercise revoking a taken batch"
 
 
-def test_urgent_spread_tightens_when_the_tail_outlasts_the_window():
+def test_speed_model_spreads_as_far_as_the_fixed_cost_allows():
+    """Iteration = fixed + per-request part: the fit recovers the fixed part from reports, and the
+    batch asked for makes each request sigma times faster; when even alone it could not be, no
+    spreading (it would cost throughput and still miss the deadline)."""
+    from dora.runtime.rollout.speed import SpeedModel
+    sm = SpeedModel()
+    for active, kv in [(200, 0.9), (100, 0.5), (50, 0.6), (10, 0.2), (150, 0.3), (30, 0.9)]:
+        sm.observe(InstanceStats(active, 0, 256, kv, step_s=0.025 + 0.0001 * active + 0.02 * kv))
+    assert sm.fixed_s() == pytest.approx(0.025, rel=1e-6)
+    step = 0.025 + 0.0001 * 200 + 0.02 * 0.9               # 0.063 s at 200 requests
+    b = sm.batch_for(200, step, 1.5)
+    assert 0.025 + (step - 0.025) * b / 200 <= step / 1.5 < 0.025 + (step - 0.025) * (b + 1) / 200
+    assert sm.batch_for(200, step, 3.0) == 200 and sm.batch_for(200, step, 1.0) == 200
+
+
+def test_deadlines_come_from_the_trainers_pace():
+    """Version v must be complete when step v+K starts: estimated from the trainer's own step time
+    (waits excluded) and whether it is training now; a request may start on a version only if the
+    longest generation measured would still end in time."""
     clock = Clock()
-    insts = [FakeInstance(f"i{j}") for j in range(3)]
+    insts = [FakeInstance(f"i{j}", slots=8) for j in range(2)]
     take, _ = make_prompts(4, random.Random(0))
-    c = RolloutController(RolloutConfig(mode="dora", train_batch=8, group_size=4, max_staleness=2,
-                                        urgent_batch=64, urgent_batch_tight=16), insts, take, clock)
+    c = RolloutController(RolloutConfig(mode="dora", train_batch=8, group_size=4, max_staleness=2), insts, take, clock)
     c.start()
-    assert c.policy.urgent_batch == 16                       # tight until K steps of evidence
-    for step, (tail, took) in enumerate([(50, 100), (50, 100), (50, 100), (500, 100), (50, 100)]):
-        c.ledger.gen_max[-1] = tail                         # longest dispatch -> finish time this interval
-        clock.t += took
-        batch = [] if not c.trainer_ready() else c.take_batch()
-        c.on_trained(step, step + 1, [t.uid for t in batch])
-        # window = K x trainer step time (100 s each, no waits); tail = max over the last 2K steps
-        want = 16 if step < 1 or step >= 3 else 64
-        assert c.policy.urgent_batch == want, (step, c.policy.urgent_batch)
+    dl = c.policy.deadlines
+    assert dl.deadline(0) == float("inf")                   # no pace before the first step
+    for i in insts:                                         # finish everything: a batch is ready
+        c.on_finished(i.name, [Finished(u, 10) for u in list(i.reqs)])
+        i.reqs.clear()
+    clock.t = 30.0
+    c.take_batch()                                          # waited 30 s
+    clock.t = 130.0
+    c.on_trained(0, 1, [u for u in c.ledger.taken[0]])      # step 0: 130 s, 30 of them waiting
+    assert dl.pace() == 100.0
+    assert c.queue.next_step == 1 and not c.ledger.taken    # idle: step 1 could start now
+    assert dl.deadline(0) == 130.0 + (0 + 2 - 1) * 100.0
+    c.ledger.gen_max[-1] = 150.0
+    assert not dl.can_start(0) and dl.can_start(1)
 
 
 def test_dropping_a_group_that_has_not_started_keeps_the_accounting():

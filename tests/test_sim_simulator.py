@@ -4,6 +4,7 @@ invariants, sync never overlaps rollout with training, runs are deterministic pe
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -134,9 +135,20 @@ def test_sim_instance_runs_exports_and_imports_without_reprefill():
         b.submit([Request("u3", "g", 7, 10, 10)])
 
 
+def _capped_lognormal_mean(median: float, sigma: float, cap: float) -> float:
+    """E[min(X, cap)] for X lognormal(ln median, sigma), in closed form."""
+    mu, phi = math.log(median), lambda x: 0.5 * (1 + math.erf(x / math.sqrt(2)))
+    z = (math.log(cap) - mu) / sigma
+    return math.exp(mu + sigma ** 2 / 2) * phi(z - sigma) + cap * (1 - phi(z))
+
+
 def test_workloads(tmp_path):
-    w = get_workload("dapo-math", None).stats(n=20000)
-    assert 2500 < w.decoded < 3800 and w.prompt < 2048
+    spec = get_workload("dapo-math", None)
+    w = spec.stats(n=20000)
+    assert w.decoded == pytest.approx(_capped_lognormal_mean(spec.median, spec.sigma, spec.cap), rel=0.03)
+    assert w.prompt == pytest.approx(_capped_lognormal_mean(spec.prompt_median, spec.prompt_sigma, spec.prompt_cap), rel=0.03)
+    # the calibration target: a step of 8,192 trajectories holds the paper's throughput x step time
+    assert 8192 * (w.prompt + w.decoded) == pytest.approx(19.5e6, rel=0.05)
     f = tmp_path / "t.jsonl"
     f.write_text('{"prompt_tokens": 10, "response_tokens": 20}\n{"prompt_tokens": 30, "response_tokens": 40}\n')
     groups = PromptSource(TraceWorkload(str(f)), 4, seed=1)(3)

@@ -21,12 +21,6 @@ class RolloutConfig:
     kv_pressure: float = 0.92            # any instance above this KV use -> rebalance
     kv_check_s: float = 30.0             # how often tick() polls instance stats for KV pressure
     queue_pressure: float = 0.5          # queued/slots on one instance while a peer of its version idles
-    legacy_min_slack_steps: int = 2      # legacy filling only for versions with >= this many steps left
-    legacy_kv_max: float = 0.7           # ... and only into instances with no queue and KV use below this (1 = by slots only)
-    urgent_batch: int = 64               # an urgent version is spread to <= this many requests per instance...
-    urgent_batch_tight: int = 32         # ... or this many while the long tail takes longer than the window
-                                         # (max generation time of recent trajectories >= K x step time)
-    urgent_slack_steps: int = 2          # urgent = fewer than this many steps left before its data would be too stale
     queue_allowance_groups: int = 1      # streaming: an instance gets new groups up to slots + this many groups
 
     def resolved(self) -> "RolloutConfig":

@@ -48,10 +48,6 @@ class Deadlines:
     def longest_generation(self) -> float:
         return max(self.ledger.gen_max)
 
-    def at_risk(self, version: int) -> bool:
-        """Could a request of `version` that is still generating miss its deadline?"""
-        return self.deadline(version) - self.clock.now() < self.longest_generation()
-
     def can_start(self, version: int) -> bool:
         """Would a request started now on `version` finish in time, even if it is as slow as the
         slowest measured?"""

@@ -114,17 +114,13 @@ class Dispatcher:
         for v in sorted({i.version for i in m.instances.values() if i.version is not None}):
             if v >= self.newest or not can_start(v):
                 continue
-            idle = [n for n in m.hosts(v) if n not in m.lent and m.load(n) + g <= m.slots_of(n)]
-            if cfg.legacy_kv_max < 1:       # free slots are not idle when the KV cache is the limit
-                idle = [n for n in idle if self._kv_room(n, cfg.legacy_kv_max)]
+            # free slots are idle only where the engine admits at once: no queue (KV not the limit)
+            idle = [n for n in m.hosts(v) if n not in m.lent and m.load(n) + g <= m.slots_of(n)
+                    and self.m.instances[n].stats().queued == 0]
             slots = sum(m.slots_of(n) - m.load(n) for n in idle)
             n = min(slots, self.queue.dispatch_room(v)) // g
             if n > 0:
                 self.send(v, n, idle, self.allowance)
-
-    def _kv_room(self, name: str, limit: float) -> bool:
-        st = self.m.instances[name].stats()
-        return st.queued == 0 and st.kv_used_fraction < limit
 
     # -- moving unstarted groups to a newer version ---------------------------------------------
     def retag_unstarted(self, version: int) -> None:

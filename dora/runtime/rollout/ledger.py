@@ -24,6 +24,7 @@ class StepMetrics:
     policy_version: int            # version produced by this step
     trajectories: int
     tokens: int                    # prompt + response tokens trained
+    response_tokens: int           # of which generated (what rollout instances had to decode)
     step_time_s: float             # since the previous step ended (or start)
     rollout_only_s: float          # trainer idle, waiting for data, before this step
     staleness_max: int
@@ -37,6 +38,9 @@ class StepMetrics:
     weight_loads: int
     idle_fraction: dict[str, float]  # per pool: rollout (sampled at ticks), trainer
     dropped: int = 0               # trajectories dropped by filters during this step's interval
+    wait_staleness_s: float = 0.0  # of rollout_only_s (sampled at ticks): TBS were complete, but taking
+                                   # them would have stranded an older group (C3): the trainer waited for stragglers
+    wait_count_s: float = 0.0      # ... fewer than TBS complete: the trainer waited for throughput
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -57,6 +61,9 @@ class Ledger:
         self.gen_max: list[float] = [0.0]               # per step interval: longest dispatch -> finish
         self.trainer_idle_since: float | None = None
         self.last_step_end = 0.0
+        self.waits = {"staleness": 0.0, "count": 0.0}  # this wait, by cause (sampled at ticks)
+        self.last_waits = dict(self.waits)               # the previous wait's, once its batch was taken
+        self._wait_sampled: float | None = None
         self.step_metrics: list[StepMetrics] = []
         # interval counters (reset at each step end)
         self.migrated = self.reprefill = self.loads = self.dropped_interval = 0
@@ -87,10 +94,21 @@ class Ledger:
         return reason
 
     # -- trainer side -----------------------------------------------------------------------------
+    def sample_wait(self, now: float) -> None:
+        """Called at ticks: while the trainer waits, book the time since the last sample to why."""
+        if self.trainer_idle_since is None:
+            self._wait_sampled = None
+            return
+        since = self._wait_sampled if self._wait_sampled is not None else self.trainer_idle_since
+        self.waits["staleness" if self.queue.blocked_by_staleness() else "count"] += now - since
+        self._wait_sampled = now
+
     def taken_batch(self, step: int, batch: list[Trajectory], now: float) -> None:
         waited = now - self.trainer_idle_since if self.trainer_idle_since is not None else 0.0
         self.totals["rollout_only_s"] += waited
         self.trainer_idle_since = None
+        self.last_waits, self.waits = self.waits, {"staleness": 0.0, "count": 0.0}
+        self._wait_sampled = None
         self.taken[step] = {t.uid for t in batch}
         self.batches[step] = (batch, waited, now)
 
@@ -113,6 +131,7 @@ class Ledger:
         m = StepMetrics(
             step=step, policy_version=version_after, trajectories=len(batch),
             tokens=sum(t.prompt_tokens + t.response_tokens for t in batch),
+            response_tokens=sum(t.response_tokens for t in batch),
             step_time_s=now - self.last_step_end, rollout_only_s=waited,
             staleness_max=max(stal), staleness_mean=sum(stal) / len(stal),
             c1_violations=sum(1 for t in batch if len(t.versions) > 1),
@@ -122,7 +141,8 @@ class Ledger:
             migrated_requests=self.migrated, reprefill_tokens=self.reprefill, weight_loads=self.loads,
             idle_fraction={"rollout": self.idle_hits / self.idle_samples if self.idle_samples else 0.0,
                            "trainer": waited / max(1e-9, now - self.last_step_end)},
-            dropped=self.dropped_interval)
+            dropped=self.dropped_interval, wait_staleness_s=self.last_waits["staleness"],
+            wait_count_s=self.last_waits["count"])
         self.step_metrics.append(m)
         self.migrated = self.reprefill = self.loads = self.idle_samples = self.idle_hits = 0
         self.dropped_interval = 0

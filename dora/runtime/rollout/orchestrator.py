@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import math
-from typing import Iterable
 
 from .dispatch import Dispatcher
 from .manager import RolloutManager
@@ -56,9 +55,11 @@ class Orchestrator:
         self.slots_of = manager.slots_of
         self.migrate = dispatcher.migrate
 
-    def rebalance(self, newest: int, inject: int, urgent: Iterable[int] = (), urgent_batch: int = 0) -> dict[str, int]:
-        """`urgent`: versions whose stragglers must be sped up (spread to <= urgent_batch requests
-        per instance)."""
+    def rebalance(self, newest: int, inject: int, spread: dict[int, int] | None = None,
+                  newest_floor: int = 1) -> dict[str, int]:
+        """`spread`: versions whose stragglers must be sped up -> at most this many requests per
+        instance for them, on instances taken from the newest version's share but never below
+        `newest_floor` instances (what keeps the trainer fed)."""
         m = self.m
         # lent trainer devices (elastic) are extra instances of the newest version, outside the partition
         regular = {n: i for n, i in m.instances.items() if n not in m.lent}
@@ -69,16 +70,20 @@ class Orchestrator:
         if inject:
             load[newest] = load.get(newest, 0) + inject
         targets = partition(len(regular), load) or {newest: len(regular)}
-        urgent = [v for v in urgent if load.get(v) and v != newest]
-        if urgent_batch and urgent:
-            # deadline: a version the trainer must drain by the next step gets instances enough for
-            # small batches (faster tokens), taken from the newest version's share
-            for v in urgent:
-                want = min(-(-load[v] // urgent_batch), len(regular) - 1)
-                give = min(want - targets.get(v, 0), targets.get(newest, 0) - 1)
-                if give > 0:
-                    targets[v] = targets.get(v, 0) + give
-                    targets[newest] -= give
+        spread = {v: b for v, b in (spread or {}).items() if load.get(v, 0) > 0 and v != newest}
+        urgent = list(spread)
+        # deadline: a version the trainer must drain in time gets instances enough for small
+        # batches (faster tokens), oldest (earliest deadline) first, taken from the newest
+        # version's share but never below newest_floor
+        room = targets.get(newest, 0) - max(1, newest_floor)
+        want: dict[int, int] = {}
+        for v, b in sorted(spread.items()):
+            have = targets.get(v, 0)
+            want[v] = max(have, min(-(-load[v] // b), have + max(0, room)))
+            if want[v] > have:        # room > 0 here, so the newest version holds these instances
+                room -= want[v] - have
+                targets[newest] -= want[v] - have
+                targets[v] = want[v]
         hosts: dict[int | None, list[str]] = collections.defaultdict(list)
         for n, inst in regular.items():
             hosts[inst.version].append(n)
@@ -92,8 +97,8 @@ class Orchestrator:
             # consolidating stragglers into queues would delay the drain the trainer waits on
             slots = max(self.slots_of(n) for n in names)
             keep_n = max(1, targets.get(v, 0), -(-load[v] // slots))
-            if v in urgent:           # near its deadline: keep enough instances for small batches
-                keep_n = min(len(names), max(keep_n, -(-load[v] // max(1, urgent_batch))))
+            if v in want:             # near its deadline: keep the instances its small batches need
+                keep_n = min(len(names), max(keep_n, want[v]))
             extra = len(names) - keep_n
             if extra <= 0:
                 continue
@@ -119,7 +124,7 @@ class Orchestrator:
                 moves[n] = newest
         for n, v in moves.items():
             self.d.load(n, v)
-        self.balance_within_versions(urgent if urgent_batch else ())
+        self.balance_within_versions(urgent)
         return moves
 
     def balance_within_versions(self, even: tuple | list = ()) -> int:

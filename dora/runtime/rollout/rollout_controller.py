@@ -182,6 +182,7 @@ class RolloutController:
     def tick(self) -> None:
         m = self.manager
         self.ledger.sample_idle(len(m.instances), sum(1 for n in m.instances if not m.on_instance[n]))
+        self.ledger.sample_wait(self.clock.now())
         self.policy.on_tick()
         self._dispatch()
 

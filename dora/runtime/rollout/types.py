@@ -44,6 +44,7 @@ class InstanceStats:
     slots: int                   # max concurrent requests (max_num_seqs)
     kv_used_fraction: float      # 0..1
     loading: bool = False        # a weight load is still in progress
+    step_s: float = 0.0          # measured seconds per decode iteration now (0: idle or not reported)
 
 
 @dataclasses.dataclass(slots=True)

@@ -8,8 +8,11 @@ hosting an old version loads the newest at once."""
 
 from __future__ import annotations
 
+import math
+
 from ..deadlines import Deadlines
 from ..orchestrator import Orchestrator
+from ..speed import SpeedModel
 from ..triggers import Triggers
 from .base import RolloutPolicy
 
@@ -23,7 +26,7 @@ class DoraPolicy(RolloutPolicy):
         self.orch = Orchestrator(c.manager, c.dispatch)
         self.triggers = Triggers(c.cfg, c.manager, c.clock)
         self.deadlines = Deadlines(c.ledger, c.queue, c.cfg.max_staleness, c.clock)
-        self.urgent_batch = c.cfg.urgent_batch_tight     # until K steps tell (see _adapt_urgent_batch)
+        self.speed = SpeedModel()
 
     def start(self, now: float) -> None:
         self.triggers.reset(now)
@@ -34,7 +37,6 @@ class DoraPolicy(RolloutPolicy):
             d.load(name, d.newest)                       # an idle old-version instance joins the newest
 
     def after_step(self) -> None:
-        self._adapt_urgent_batch()
         self.rebalance()                                 # trigger 1: after every training step
 
     def on_published(self, version: int) -> None:
@@ -50,24 +52,58 @@ class DoraPolicy(RolloutPolicy):
         t0 = c.clock.now()
         self.triggers.last_rebalance = t0
         c.ledger.totals["rebalances"] += 1
-        urgent = [v for v in c.manager.outstanding if v != d.newest and self.deadlines.at_risk(v)]
-        moves = self.orch.rebalance(d.newest, d.room() + d.held(), urgent, self.urgent_batch)
+        spread, floor = self.spread()
+        moves = self.orch.rebalance(d.newest, d.room() + d.held(), spread, floor)
         d.place_pending_retag()
         if moves:
             c.trace.instant("orchestrator", "rebalance", "rebalance", t0, moves=dict(moves))
         d.legacy_fill(self.deadlines.can_start)
         return True
 
-    def _adapt_urgent_batch(self) -> None:
-        """Straggler spreading trades pool throughput for drain speed. Speed is what counts once
-        the long tail takes longer to generate than the staleness window lasts in wall time
-        (max dispatch -> finish time over the last 2K steps >= K x the trainer's step time, waits
-        excluded: they are what this avoids): then an urgent version is spread thin
-        (urgent_batch_tight); otherwise throughput counts more (urgent_batch)."""
-        cfg, k = self.c.cfg, max(1, self.c.cfg.max_staleness)
-        recent = self.c.ledger.step_metrics[-k:]
-        if len(recent) < k:
-            return
-        window = sum(m.step_time_s - m.rollout_only_s for m in recent)   # the trainer's own pace
-        tail = max(self.c.ledger.gen_max)   # over the last 2K steps: one short tail must not relax it
-        self.urgent_batch = cfg.urgent_batch_tight if tail >= window else cfg.urgent_batch
+    def spread(self) -> tuple[dict[int, int], int]:
+        """Old versions whose stragglers could miss their deadline, how thin to spread them, and
+        how many instances the newest version keeps whatever the stragglers need.
+        A request is at risk when it could need as long as the longest generation measured
+        (dispatch to finish): the latest-dispatched request in flight of version v then needs
+        until t0 + longest, against v's deadline. If that is `sigma` times the time left, v's
+        requests must decode sigma times faster: the SpeedModel turns that into requests per
+        instance from the iteration times v's instances report now.
+        The newest version keeps the instances that decode what the trainer consumes: the last
+        step's generated tokens per trainer step time, over the tokens per second its instances
+        decode now (running requests / iteration time)."""
+        c, m, dl = self.c, self.c.manager, self.deadlines
+        longest = dl.longest_generation()
+        if longest <= 0:
+            return {}, 1
+        now, newest, sent = c.clock.now(), c.dispatch.newest, c.ledger.dispatched_at
+        latest: dict[int, float] = {}
+        hosts: dict[int, list] = {}
+        rates: list[float] = []
+        for n, inst in m.instances.items():
+            st = inst.stats()
+            self.speed.observe(st)
+            v = inst.version
+            if v == newest and st.active and st.step_s > 0 and n not in m.lent:
+                rates.append(st.active / st.step_s)
+            if v is None or v == newest or not m.on_instance[n]:
+                continue
+            hosts.setdefault(v, []).append(st)
+            t0 = max(sent.get(r.group_id, 0.0) for r in m.on_instance[n].values())
+            latest[v] = max(latest.get(v, 0.0), t0)
+        out: dict[int, int] = {}
+        for v, t0 in latest.items():
+            left, need = dl.deadline(v) - now, t0 + longest - now
+            if need <= left:
+                continue
+            sigma = need / left if left > 0 else float("inf")
+            busy = [st for st in hosts[v] if st.active]
+            if not busy:
+                continue
+            batch = sum(st.active for st in busy) / len(busy)
+            step = sum(st.step_s for st in busy) / len(busy)
+            out[v] = self.speed.batch_for(batch, step if step > 0 else 1.0, sigma)
+        pace, last = dl.pace(), c.ledger.step_metrics[-1:]
+        floor = 1
+        if out and rates and pace and last:
+            floor = math.ceil(last[0].response_tokens / pace / (sum(rates) / len(rates)))
+        return out, floor
