@@ -330,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['dora_msgs_per_s']:>11.0f} {r['raw_zmq_msgs_per_s']:>11.0f} {r['p50_us']:>8.1f} {r['p99_us']:>8.1f} "
               f"{r['raw_p50_us']:>8.1f} {r['added_us_per_msg']:>12.1f} {r['added_cpu_us']:>12.1f}")
     if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
     return 0

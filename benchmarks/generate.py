@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from dora.ops.engines.base import SamplingRequest
+from dora.ops.engines.engine import SamplingRequest
 from dora.ops.engines.torch_engine import TorchEngine
 
 
@@ -85,6 +85,7 @@ def main() -> None:
     if a.json:
         meta = {"torch": torch.__version__, "threads": a.threads, "prompt_len": a.prompt_len,
                 "new_tokens": a.new_tokens, "repeats": a.repeats}
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=2)
 

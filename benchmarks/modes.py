@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{str(r['c1_violations']) + '/' + str(r['c2_violations']) + '/' + str(r['c3_violations']):>9} "
               f"{r['migrated_requests']:>5}")
     if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as fh:
             json.dump(rows, fh, indent=2)
     return 0

@@ -1,4 +1,4 @@
-"""The `dora` command: validate, draw and list pipelines; dispatch run and simulate.
+"""The `dora` command: validate, draw and list pipelines; dispatch run, simulate, dashboard and plot.
 
 Exit codes: 0 ok, 1 failure, 2 bad input (config, graph, arguments). Bad input never
 ends in a traceback: it is reported as `file:line: error: ...` lines.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from typing import Sequence
 
@@ -20,7 +21,9 @@ examples:
   dora validate pipelines/quickstart.yaml nodes.rollout.replicas=4 async.mode=dora
   dora viz pipelines/grpo.yaml -o grpo.html          # also .svg, .dot, .mmd
   dora ops                                           # every op: ports, columns, params
-  dora run pipelines/quickstart.yaml --out runs/quickstart
+  dora run pipelines/quickstart.yaml --out runs/quickstart [--dashboard]
+  dora dashboard runs/quickstart                     # the run's page again, on 127.0.0.1
+  dora plot runs/a runs/b -o compare.png             # reward, tokens/s, staleness, versions live
   dora simulate --help
 """
 
@@ -28,6 +31,8 @@ examples:
 DISPATCH = {
     "run": ("dora.runtime.launch", "run_main"),
     "simulate": ("dora.sim.simulate_cli", "simulate_main"),
+    "dashboard": ("dora.runtime.dashboard.run_files", "dashboard_main"),
+    "plot": ("dora.runtime.plot_runs", "plot_main"),
 }
 
 
@@ -103,6 +108,7 @@ def cmd_viz(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         return 0
     try:
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(text)
     except OSError as e:
@@ -112,12 +118,25 @@ def cmd_viz(args: argparse.Namespace) -> int:
     return 0
 
 
+def _param_line(ps) -> str:
+    bounds = f" {{{', '.join(map(str, ps.choices))}}}" if ps.choices else ""
+    bounds += f" [{ps.range_text}]" if ps.range_text else ""
+    bounds += f" (names from {ps.names_from})" if ps.names_from else ""
+    return f"{ps.name}: {ps.type} = {json.dumps(ps.default)}{bounds}  - {ps.doc}"
+
+
 def cmd_ops(args: argparse.Namespace) -> int:
+    from dora.graph.model import AsyncConfig, RunConfig
     from dora.graph.opspec import builtin_ops
+    from dora.graph.sections import section_specs
 
     ops = builtin_ops()
+    sections = {"async": section_specs(AsyncConfig), "run": section_specs(RunConfig)}
     if args.json:
-        print(json.dumps([s.describe() for s in ops.values()], indent=2, default=str))
+        # one list: the ops, then the pipeline sections (marked "section": true) with their settings
+        print(json.dumps([s.describe() for s in ops.values()]
+                         + [{"name": k, "section": True, "params": [p.describe() for p in v.values()]}
+                            for k, v in sections.items()], indent=2, default=str))
         return 0
     for s in ops.values():
         print(f"{s.name}: {s.doc}")
@@ -132,8 +151,14 @@ def cmd_ops(args: argparse.Namespace) -> int:
             parts = ([f"needs {', '.join(w.needs)}"] if w.needs else []) + ([f"adds {', '.join(w.adds)}"] if w.adds else [])
             print(f"  when     {cond}: {'; '.join(parts)}")
         for ps in s.params.values():
-            choices = f" {{{', '.join(map(str, ps.choices))}}}" if ps.choices else ""
-            print(f"  param    {ps.name}: {ps.type} = {json.dumps(ps.default)}{choices}  - {ps.doc}")
+            print(f"  param    {_param_line(ps)}")
+        if s.check:
+            print(f"  check    {s.check}")
+        print()
+    for name, specs in sections.items():
+        print(f"{name}: (pipeline section)")
+        for ps in specs.values():
+            print(f"  setting  {_param_line(ps)}")
         print()
     return 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from dora.ops.engines.base import Completion, Engine
+from dora.ops.engines.engine import Completion, Engine
 
 
 def tiny_llama(seed: int = 0, eos: int | None = 2) -> LlamaForCausalLM:

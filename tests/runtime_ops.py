@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections import defaultdict
 
@@ -55,8 +56,9 @@ class Map(Operator):
     spec = OpSpec(
         name="tests.runtime_ops:Map", doc="tags rows with the replica that mapped them",
         inputs=(PortSpec("in", ("uid",)),), adds=("mapped_by",),
-        params=_params(P("fail_mode", "str", "none", "none | raise | sigkill | sigstop"), P("fail_at", "int", 2, "batch index"),
-                       P("delay_s", "float", 0.0, "sleep per batch")),
+        params=_params(P("fail_mode", "str", "none", "none | raise | sigkill | sigstop | hang"), P("fail_at", "int", 2, "batch index"),
+                       P("delay_s", "float", 0.0, "sleep per batch"),
+                       P("fail_once", "bool", False, "fail only the first time (a respawn then runs clean)")),
         impl="tests.runtime_ops:Map",
     )
 
@@ -66,7 +68,10 @@ class Map(Operator):
 
     def process(self, batch, port):
         p = self.ctx.params
-        if self.ctx.replica == 0 and self.seen == p["fail_at"]:
+        once = os.path.join(self.ctx.run_dir or ".", f"{self.ctx.label}.failed")
+        if self.ctx.replica == 0 and self.seen == p["fail_at"] and not (p["fail_once"] and os.path.exists(once)):
+            if p["fail_once"]:
+                open(once, "w").close()   # a respawned replica must not fail again
             mode = p["fail_mode"]
             if mode == "raise":
                 raise RuntimeError(f"test failure in {self.ctx.label} at batch {self.seen}")
@@ -74,6 +79,8 @@ class Map(Operator):
                 os.kill(os.getpid(), signal.SIGKILL)
             if mode == "sigstop":
                 os.kill(os.getpid(), signal.SIGSTOP)
+            if mode == "hang":   # the process lives and its heartbeat thread beats; the op never returns
+                threading.Event().wait()
         self.seen += 1
         if p["delay_s"]:
             time.sleep(p["delay_s"])

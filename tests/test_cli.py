@@ -63,7 +63,10 @@ def test_viz_writes_each_format(tmp_path, capsys):
     assert main(["viz", QUICKSTART, "--format", "mmd"]) == 0
     assert capsys.readouterr().out.count("flowchart LR") == 1
     assert main(["viz", QUICKSTART, "-o", str(tmp_path / "g.png")]) == 2
-    assert main(["viz", QUICKSTART, "-o", str(tmp_path / "missing-dir" / "g.svg")]) == 1
+    assert main(["viz", QUICKSTART, "-o", str(tmp_path / "missing-dir" / "g.svg")]) == 0   # folders are made
+    assert (tmp_path / "missing-dir" / "g.svg").exists()
+    (tmp_path / "a-file").write_text("x")
+    assert main(["viz", QUICKSTART, "-o", str(tmp_path / "a-file" / "g.svg")]) == 1       # cannot be made
 
 
 def test_viz_refuses_invalid_unless_forced(tmp_path):
@@ -107,4 +110,4 @@ def test_console_entry_point_runs():
     r = subprocess.run([sys.executable, "-m", "dora.cli", "validate", QUICKSTART], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 0 and "ok:" in r.stdout
     r = subprocess.run([sys.executable, "-m", "dora.cli", "validate", QUICKSTART, "async.mode=fast"], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert r.returncode == 2 and "unknown async mode 'fast'" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "async.mode must be one of" in r.stderr and "'fast'" in r.stderr and "Traceback" not in r.stderr

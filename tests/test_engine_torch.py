@@ -6,7 +6,7 @@ import msgpack
 import pytest
 import torch
 
-from dora.ops.engines.base import SamplingRequest, state_from_wire, state_to_wire
+from dora.ops.engines.engine import SamplingRequest, state_from_wire, state_to_wire
 from dora.ops.engines.torch_engine import TorchEngine
 from engine_helpers import drain, teacher_forced_logprobs, tiny_llama
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dora.graph.columns import COLUMNS
-from dora.ops.base import OpContext
+from op_context import op_context
 from dora.ops.generate import GenerateOp
 from dora.runtime.wire import WithBuffers
 
@@ -20,8 +20,8 @@ PARAMS = {"engine": "torch", "temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_
 def make_op(replica: int = 0, **params) -> tuple[GenerateOp, list]:
     events: list = []
     op = GenerateOp()
-    op.setup(OpContext(node="gen", op="generate", replica=replica, replicas=2, params={**PARAMS, **params},
-                       model=MODEL, seed=0, report=events.append))
+    op.setup(op_context("generate", {**PARAMS, **params}, node="gen", replica=replica, replicas=2,
+                        model=MODEL, seed=0, report=events.append))
     return op, events
 
 
@@ -131,5 +131,5 @@ def test_abort_stop_strings_and_errors():
         make_op(stop=["ab"])
     sop, _ = make_op(stop=["\n"])
     assert sop.stop_ids == [sop.tokenizer.encode("\n")[0]]
-    with pytest.raises(ValueError, match="unknown engine"):
+    with pytest.raises(ValueError, match="'engine' must be one of"):
         make_op(engine="tgi")

@@ -7,7 +7,7 @@ from pathlib import Path
 from hypothesis import strategies as st
 
 from dora.graph.builtin_ops import BUILTIN_OPS
-from dora.graph.model import ASYNC_MODES, AsyncConfig, Edge, Graph, Node, Pool, WeightsEdge
+from dora.graph.model import ASYNC_MODES, AsyncConfig, Edge, Graph, Node, Pool, RunConfig, WeightsEdge
 from dora.graph.validate import check_file
 
 BASE = """\
@@ -91,16 +91,13 @@ def graphs(draw) -> Graph:
                 routing=draw(st.sampled_from(["round_robin", "least_loaded", "hash:group_id"])))
         nodes[n] = node
     weights = [WeightsEdge(draw(st.sampled_from(node_names)), draw(st.sampled_from(node_names))) for _ in range(draw(st.integers(0, 2)))]
-    extra = {}
-    if draw(st.booleans()):
-        extra["run"] = {"seed": draw(st.integers(0, 100)), "out": draw(text)}
-    if draw(st.booleans()):
-        extra["description"] = draw(text)
+    run = RunConfig(seed=draw(st.integers(0, 100)), out=draw(st.one_of(st.none(), text)))
+    description = draw(st.one_of(st.none(), text))
     return Graph(
         name=draw(text.filter(bool)), nodes=nodes, pools=pools, weights=weights,
         model=draw(st.dictionaries(names, plain, max_size=4)),
         async_=AsyncConfig(draw(st.sampled_from(ASYNC_MODES)), draw(st.integers(0, 8)), draw(st.integers(1, 512)), draw(st.integers(1, 512))),
-        extra=extra,
+        run=run, description=description,
     )
 
 

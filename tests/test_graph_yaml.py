@@ -57,7 +57,7 @@ def test_defaults_are_merged_in_order_and_this_file_wins(tmp_path):
     assert diags == []
     assert g.pools["rollout"].count == 2                # this file wins over a.yaml
     assert g.async_.mode == "dora" and g.async_.max_staleness == 5   # b.yaml over a.yaml
-    assert g.extra["run"] == {"seed": 2, "out": "runs/b"}
+    assert (g.run.seed, g.run.out) == (2, "runs/b")
     assert g.loc_of("async.mode").file.endswith("a.yaml")
 
 
@@ -87,7 +87,7 @@ def test_overrides(tmp_path):
     g = load_graph(path, ["nodes.rollout.replicas=4", "pools.rollout.count=4", "async.mode=dora", "nodes.rollout.params.temperature=0.5",
                           "weights.0.to=rollout", "run.seed=3"])
     assert g.nodes["rollout"].replicas == 4 and g.pools["rollout"].count == 4 and g.async_.mode == "dora"
-    assert g.nodes["rollout"].params["temperature"] == 0.5 and g.extra["run"] == {"seed": 3}
+    assert g.nodes["rollout"].params["temperature"] == 0.5 and g.run.seed == 3
     _, diags = load_file(path, ["noequals", "name.deeper=1"])
     assert len(diags) == 2 and "not key=value" in diags[0].message and "not a mapping" in diags[1].message
 
@@ -138,3 +138,55 @@ def test_load_text_resolves_defaults_in_base_dir(tmp_path):
     assert "pools" not in text
     g, diags = load_text(text, base_dir=str(tmp_path))
     assert diags == [] and g.pools["train"].count == 1
+
+
+def test_print_graph_shows_pools_nodes_edges_weights_and_round_trips():
+    g = load_graph(os.path.join(os.path.dirname(__file__), "..", "pipelines", "quickstart.yaml"))
+    text = str(g)
+    lines = text.splitlines()
+    assert lines[0] == "graph grpo-quickstart:"
+    node_lines = {ln.split()[0]: ln for ln in lines if ln.strip().startswith("%") and " = " in ln.replace("  ", " ")}
+    assert set(node_lines) == {f"%{n}" for n in g.nodes}
+    assert "generate(prompts=prompts)" in node_lines["%rollout"] and "x2" in node_lines["%rollout"] and "pool rollout" in node_lines["%rollout"]
+    assert "advantage(scored=reward [group_by=group_id])" in node_lines["%advantage"]
+    assert any(ln.split() == ["%train", "->", "%rollout"] for ln in lines)
+    assert any(ln.split() == ["rollout", "cpu", "x", "2"] for ln in lines)
+    # columns line up, as in torch.fx's printout
+    assert len({ln.index("=") for ln in node_lines.values()}) == 1
+    assert load_text(to_yaml(g))[0] == g   # printing is a view; YAML still round-trips
+
+
+@pytest.mark.parametrize("text, opened, failed", [
+    ("name: x\nnodes:\n  a: {op: dataset,\n  b: 1\nc: 2\n", 3, 5),      # unclosed {
+    ("name: x\npools: [1, 2,\n  3\nnodes: {}\n", 2, 4),                  # unclosed [
+    ('name: "abc\nnodes: {}\n', 1, 3),                                  # unclosed quote
+])
+def test_syntax_error_names_where_the_construct_opened_and_where_parsing_failed(text, opened, failed):
+    _, diags = load_text(text, file="p.yaml")
+    assert len(diags) == 1 and diags[0].loc.line == opened, diags
+    assert f"line {failed}" in diags[0].message and "not closed" in diags[0].message
+
+
+@pytest.mark.parametrize("text, what", [
+    ("name: x\nmodel: &m\n  a: *m\n", "recursive anchor"),
+    ("name: x\nmodel: &m [1, *m]\n", "recursive anchor"),
+    ("name: x\nmodel: &m\n  <<: *m\n  a: 1\n", "recursive anchor"),
+    ("a: &a [1,1,1,1,1,1,1,1,1]\n" + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n"
+                                            for p, c in zip("abcdefgh", "bcdefghi")), "alias bomb"),
+])
+def test_recursive_anchors_and_alias_bombs_are_refused_quickly(tmp_path, text, what):
+    """In a fresh process (so a hang or a memory blow-up cannot take the suite with it): exit 2, an
+    error naming the problem, well inside a second of work and bounded memory."""
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(text)
+    limit = "import resource; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)); "   # 2 GiB: bounded memory
+    code = limit + "import sys; from dora.cli import main; sys.exit(main(['validate', sys.argv[1]]))"
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60,
+                       cwd=os.path.join(os.path.dirname(__file__), ".."))
+    assert r.returncode == 2 and what in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert time.monotonic() - t0 < 30   # a bound on the hang, not a speed claim: the parse itself is ~0.2 s

@@ -7,14 +7,13 @@ import torch
 from dora.algos import advantages as adv_mod
 from dora.graph.columns import COLUMNS
 from dora.ops.advantage import AdvantageOp
-from dora.ops.base import OpContext
+from op_context import op_context
 from dora.ops.filter import FilterOp
 
 
 def ctx(op, params=None, group_size=None, events=None):
-    return OpContext(node=op, op=op, replica=0, replicas=1, params=params or {}, model={},
-                     async_cfg={"group_size": group_size} if group_size else {},
-                     report=(events.append if events is not None else (lambda e: None)))
+    return op_context(op, params, async_={"group_size": group_size},
+                      report=(events.append if events is not None else (lambda e: None)))
 
 
 def batch(**cols):
@@ -28,7 +27,7 @@ def scored(gids, rewards, lens, start=0, **extra):
 
 def test_advantage_waits_for_whole_groups_then_matches_algos():
     op = AdvantageOp()
-    op.setup(ctx("adv", group_size=2))
+    op.setup(ctx("advantage", group_size=2))
     assert op.process(scored([1, 2], [1.0, 0.0], [2, 3]), "scored") == []
     out = op.process(scored([1, 3], [0.0, 5.0], [1, 4], start=2), "scored")
     assert len(out) == 1 and out[0].column("uid").to_pylist() == ["u0", "u2"]
@@ -44,14 +43,14 @@ def test_advantage_waits_for_whole_groups_then_matches_algos():
 
 def test_advantage_rejects_oversized_groups():
     op = AdvantageOp()
-    op.setup(ctx("adv", group_size=2))
+    op.setup(ctx("advantage", group_size=2))
     with pytest.raises(ValueError, match="more than group_size=2"):
         op.process(scored([1, 1, 1], [1.0, 0.0, 1.0], [1, 1, 1]), "scored")
 
 
 def test_gae_adds_returns_and_kl_penalty_enters_rewards():
     op = AdvantageOp()
-    op.setup(ctx("adv", {"estimator": "gae", "whiten": False, "kl_coef": 0.5, "kl_estimator": "k1"}))
+    op.setup(ctx("advantage", {"estimator": "gae", "whiten": False, "kl_coef": 0.5, "kl_estimator": "k1"}))
     b = scored([0, 0], [1.0, 0.0], [2, 1], values=[[0.5, 0.25], [0.1]],
                behavior_logprobs=[[-1.0, -1.0], [-2.0]], ref_logprobs=[[-1.5, -1.0], [-1.0]])
     out = op.process(b, "scored")[0]
@@ -68,22 +67,22 @@ def test_gae_adds_returns_and_kl_penalty_enters_rewards():
 
 def test_advantage_errors_name_node_and_column():
     op = AdvantageOp()
-    op.setup(ctx("adv", {"estimator": "gae"}))
-    with pytest.raises(ValueError, match=r"adv\[0\].*values"):
+    op.setup(ctx("advantage", {"estimator": "gae"}))
+    with pytest.raises(ValueError, match=r"advantage\[0\].*values"):
         op.process(scored([0], [1.0], [1]), "scored")
-    with pytest.raises(ValueError, match="valid names"):
-        AdvantageOp().setup(ctx("adv", {"estimator": "grpo2"}))
+    with pytest.raises(ValueError, match="unknown name 'grpo2'"):
+        AdvantageOp().setup(ctx("advantage", {"estimator": "grpo2"}))
 
 
 def test_filter_drops_whole_uniform_groups_and_reports():
     events = []
     op = FilterOp()
-    op.setup(ctx("filt", group_size=2, events=events))
+    op.setup(ctx("filter", group_size=2, events=events))
     assert op.process(scored([1, 2, 3], [1.0, 0.0, 0.5], [1, 1, 1]), "scored") == []
     out = op.process(scored([1, 2, 3], [1.0, 1.0, 0.5], [1, 1, 1], start=3), "scored")
     # group 1: all 1.0 -> dropped; group 3: all 0.5 -> dropped; group 2: 0 vs 1 -> kept whole
     assert len(out) == 1 and sorted(out[0].column("uid").to_pylist()) == ["u1", "u4"]
-    assert events == [{"kind": "filtered", "node": "filt", "groups": 2, "group_ids": [1, 3],
+    assert events == [{"kind": "filtered", "node": "filter", "groups": 2, "group_ids": [1, 3],
                        "uids": ["u0", "u2", "u3", "u5"]}]
     assert op.stats() == {"groups_seen": 3, "groups_filtered": 2, "rows_filtered": 4}
     # a batch of only uniform groups yields nothing

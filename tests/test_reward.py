@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from dora.graph.columns import COLUMNS
-from dora.ops.base import OpContext
+from op_context import op_context
 from dora.ops.reward import RewardError, RewardOp, final_answer, last_boxed
 
 sys.path.insert(0, os.path.dirname(__file__))  # user reward fns below are imported as "test_reward:NAME"
@@ -35,9 +35,8 @@ def scaled(response_text: str, answer: str, row: dict, scale: float = 1.0) -> fl
 
 def make(fn, on_error="fail", params=None, events=None):
     op = RewardOp()
-    op.setup(OpContext(node="reward", op="reward", replica=0, replicas=1,
-                       params={"fn": fn, "on_error": on_error, "params": params or {}}, model={},
-                       report=(events.append if events is not None else (lambda e: None))))
+    op.setup(op_context("reward", {"fn": fn, "on_error": on_error, "params": params or {}},
+                        report=(events.append if events is not None else (lambda e: None))))
     return op
 
 

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from dora.runtime.rollout import (Finished, InstanceStats, Request, RequestState, RolloutConfig,
+from dora.runtime.rollout import (Finished, InstanceStats, Request, RequestState, RolloutConfig, Trajectory,
                                   RolloutConfigError, RolloutController, partition)
 
 
@@ -432,3 +432,53 @@ def test_dropping_a_group_that_has_not_started_keeps_the_accounting():
     still = [u for i in insts for u in i.reqs if u.rsplit(".", 1)[0] == gid]
     assert s["dropped"] == 4 - len(still) and s["dropped_by_reason"].get("filtered", 0) == s["dropped"]
     assert s["dropped"] > 0
+
+
+def test_every_rollout_policy_is_a_declared_mode():
+    """The modes are declared once (dora.graph.sections, with their K/RBS rules); each has exactly
+    one policy class, and no policy runs a mode `dora validate` would not accept."""
+    from dora.graph.sections import MODES
+    from dora.runtime.rollout import POLICIES
+    assert set(POLICIES) == set(MODES)
+    for mode in MODES:
+        c = RolloutController(RolloutConfig(mode=mode, train_batch=8, group_size=4, max_staleness=2),
+                              [FakeInstance("i0")], make_prompts(4, random.Random(0))[0], Clock())
+        assert type(c.policy) is POLICIES[mode] and c.policy.name == mode
+
+
+@pytest.mark.parametrize("mode", ["sync", "partial", "dora"])
+def test_a_lost_instance_drops_its_groups_whole_and_a_restored_batch_trains(mode):
+    """instance_lost: the groups it held are dropped whole (members elsewhere discarded when they
+    finish), counted under the reason, never lost; the restarted instance takes the newest version.
+    restore_finished: finished-untrained trajectories of a resumed run form a batch again."""
+    rng, clock = random.Random(1), Clock()
+    insts = [FakeInstance(f"i{j}", slots=4) for j in range(2)]
+    take, _ = make_prompts(4, rng)
+    c = RolloutController(RolloutConfig(mode=mode, train_batch=8, group_size=4, max_staleness=2), insts, take, clock)
+    c.start()
+    held = list(insts[0].reqs)
+    assert held
+    insts[0].reqs.clear()                                     # the process is gone with them
+    insts[0].version = -1                                     # its replacement holds no served version yet
+    gids, revoked = c.instance_lost("i0")
+    assert not insts[0].reqs, "nothing is dispatched to an instance that holds no served version"
+    assert gids == sorted({u.split(".")[0] for u in held}) and revoked == []
+    c.instance_restarted("i0")
+    assert insts[0].version == c.newest
+    for _ in range(200):                                      # run everything out
+        clock.t += 1
+        for i in insts:
+            c.on_finished(i.name, i.progress(rng))
+        if c.trainer_ready():
+            batch = c.take_batch()
+            assert not {t.group_id for t in batch} & set(gids), "a lost group was trained"
+            c.on_trained(c.queue.next_step - 1, c.newest + 1, [t.uid for t in batch])
+            c.on_published(c.newest + 1)
+        c.tick()
+    s = c.finish()
+    assert s["lost"] == 0 and s["c2_violations"] == 0 and s["dropped_by_reason"]["replica_lost"] == 4 * len(gids)
+    # resume: a fresh controller gets two finished groups back and trains them as one batch
+    fresh = RolloutController(RolloutConfig(mode=mode, train_batch=8, group_size=4, max_staleness=2),
+                              [FakeInstance("j0")], lambda n: [], clock, initial_version=5)
+    fresh.restore_finished([Trajectory(f"r{g}.{j}", f"r{g}", 5, 10, 20, (5,), clock.t) for g in range(2) for j in range(4)])
+    assert fresh.trainer_ready() and {t.uid for t in fresh.take_batch()} == {f"r{g}.{j}" for g in range(2) for j in range(4)}

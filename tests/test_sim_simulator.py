@@ -10,7 +10,7 @@ import pytest
 
 from dora.runtime.rollout import TraceWriter
 from dora.runtime.rollout.types import Request, RequestState
-from dora.sim.clock import VirtualClock
+from dora.sim.virtual_clock import VirtualClock
 from dora.sim.costmodel import MODELS, CostModel
 from dora.sim.sim_instance import SimInstance
 from dora.sim.simulator import SimConfig, ideal, simulate

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dora.graph.columns import COLUMNS
-from dora.ops.base import OpContext
+from op_context import op_context
 from dora.ops.batching import collate
 from dora.ops.critic import CriticOp
 from dora.ops.logprobs import response_logprobs
@@ -16,9 +16,8 @@ torch.set_num_threads(1)
 TINY = {"hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 64}
 
 
-def ctx(node, params, events=None):
-    return OpContext(node=node, op=node, replica=0, replicas=1, params=params, model=TINY, seed=0,
-                     report=(events.append if events is not None else (lambda e: None)))
+def ctx(op, params, events=None):
+    return op_context(op, params, model=TINY, seed=0, report=(events.append if events is not None else (lambda e: None)))
 
 
 def trajs(prompts, resps, rewards=None):
@@ -30,7 +29,7 @@ def trajs(prompts, resps, rewards=None):
 
 def test_reference_logprobs_equal_initial_policy_row_by_row():
     op = ReferenceOp()
-    op.setup(ctx("ref", {"micro_batch_tokens": 8}))
+    op.setup(ctx("reference", {"micro_batch_tokens": 8}))
     prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
     resps = [[20, 21], [22, 23, 24], [25]]
     out = op.process(trajs(prompts, resps), "trajectories")[0]

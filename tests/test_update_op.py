@@ -8,7 +8,9 @@ import torch
 
 from dora.graph.columns import COLUMNS
 from dora.ops.weights import versions as weights
-from dora.ops.base import OpContext
+from op_context import op_context
+
+from dora.graph.sections import ModeError, resolve_mode
 from dora.ops.models import load_policy
 from dora.ops.reference import batch_logprobs
 from dora.ops.update import UpdateOp
@@ -24,9 +26,8 @@ GOOD = 40  # the rewarded token
 
 def make_op(tmp_path, events, train_batch=4, **params):
     op = UpdateOp()
-    ctx = OpContext(node="update", op="update", replica=0, replicas=1, params=params, model=TINY,
-                    run_dir=str(tmp_path), async_cfg={"train_batch": train_batch, "max_staleness": 1},
-                    report=events.append)
+    ctx = op_context("update", params, model=TINY, run_dir=str(tmp_path),
+                     async_={"mode": "dora", "train_batch": train_batch, "max_staleness": 1}, report=events.append)
     op.setup(ctx)
     return op
 
@@ -125,15 +126,16 @@ def test_microbatching_gives_the_same_step_as_one_batch(tmp_path):
     moved = max(float((one[n] - t).abs().max()) for n, t in init.state_dict().items())
     assert moved > 5e-3  # Adam moved weights by ~lr
     # Adam divides by sqrt(v): a coordinate whose gradient is ~0 turns float-summation-order noise into
-    # ~1e-6 steps, so compare at 1e-5, still 1000x below the step size.
+    # ~1e-6..1e-5 steps (1.2e-5 seen on one CPU), so compare at 5e-5, still 200x below the step size.
     for n in one:
-        torch.testing.assert_close(one[n], many[n], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(one[n], many[n], atol=5e-5, rtol=1e-4)
 
 
 def test_bad_config_and_input_are_clear_errors(tmp_path):
-    with pytest.raises(ValueError, match="train_batch"):
-        make_op(tmp_path, [], train_batch=0)
-    with pytest.raises(ValueError, match="valid names"):
+    # settings are checked once, where params are filled and the mode resolved (dora validate runs the same)
+    with pytest.raises(ModeError, match="train_batch"):
+        resolve_mode("dora", 1, 0, 0, 4)
+    with pytest.raises(ValueError, match="unknown name 'ppo2'"):
         make_op(tmp_path, [], loss="ppo2")
     op = make_op(tmp_path, [])
     b = rows(op, [0, 0], [[1], [2]], [1.0, 0.0]).drop_columns(["advantages"])

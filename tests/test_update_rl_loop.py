@@ -12,7 +12,7 @@ import torch
 
 from dora.graph.columns import COLUMNS
 from dora.ops.advantage import AdvantageOp
-from dora.ops.base import OpContext
+from op_context import op_context
 from dora.ops.filter import FilterOp
 from dora.ops.update import UpdateOp
 
@@ -40,9 +40,8 @@ def sample(model, prompt, n, length, gen):
 
 def test_grpo_chain_raises_reward(tmp_path):
     events = []
-    mk = lambda node, params, **a: OpContext(node=node, op=node, replica=0, replicas=1, params=params, model=TINY,
-                                             run_dir=str(tmp_path), async_cfg={"train_batch": G * PROMPTS, "group_size": G, **a},
-                                             report=events.append)
+    mk = lambda node, params, **a: op_context(node, params, model=TINY, run_dir=str(tmp_path),
+                                              async_={"train_batch": G * PROMPTS, "group_size": G, **a}, report=events.append)
     adv, filt, upd = AdvantageOp(), FilterOp(), UpdateOp()
     adv.setup(mk("advantage", {"estimator": "grpo"}))
     filt.setup(mk("filter", {}))

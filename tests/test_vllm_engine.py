@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from dora.ops.engines.base import SamplingRequest
+from dora.ops.engines.engine import SamplingRequest
 from engine_helpers import drain, teacher_forced_logprobs
 
 pytestmark = [
@@ -126,13 +126,12 @@ def test_generate_op_on_vllm(tmp_path):
     """The generate op with engine: vllm on a tiny `model:` section (written to a folder for vLLM)."""
     import pyarrow as pa
     from dora.graph.columns import COLUMNS
-    from dora.ops.base import OpContext
+    from op_context import op_context
     from dora.ops.generate import GenerateOp
     events = []
     op = GenerateOp()
-    op.setup(OpContext(node="gen", op="generate", replica=0, replicas=1, seed=0, run_dir=str(tmp_path), report=events.append,
-                       params={"engine": "vllm", "temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_tokens": 6,
-                               "stop": [], "max_batch": 4},
+    op.setup(op_context("generate", {"engine": "vllm", "max_tokens": 6, "max_batch": 4}, node="gen", seed=0,
+                        run_dir=str(tmp_path), report=events.append,
                        model={"arch": "llama", "hidden": 128, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 256}))
     try:
         batch = pa.RecordBatch.from_pydict({"uid": ["a", "b", "c"], "prompt_ids": [[10, 11], [12, 13, 14], [15]]},

@@ -122,7 +122,7 @@ def _trainer(run_dir: str, release, out) -> None:
 def test_generate_op_loads_broadcast_versions_and_falls_back_to_the_file(tmp_path, monkeypatch):
     import dora.ops.generate as generate
     from dora.ops.weights import versions as weights
-    from dora.ops.base import OpContext
+    from op_context import op_context
     from dora.ops.models import load_policy
 
     torch.set_num_threads(1)
@@ -132,9 +132,8 @@ def test_generate_op_loads_broadcast_versions_and_falls_back_to_the_file(tmp_pat
     proc.start()
     try:
         op = generate.GenerateOp()
-        op.setup(OpContext(node="gen", op="generate", replica=0, replicas=1, model=GEN_MODEL, seed=0, run_dir=str(tmp_path),
-                           params={"engine": "torch", "temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_tokens": 4,
-                                   "stop": [], "max_batch": 4, "weight_sync": "broadcast"}))
+        op.setup(op_context("generate", {"max_tokens": 4, "max_batch": 4, "weight_sync": "broadcast"}, node="gen",
+                            model=GEN_MODEL, seed=0, run_dir=str(tmp_path)))
         sent = out.get(timeout=DEADLINE_S)
         assert isinstance(sent, tuple), sent
         got = op.load_version(1, str(tmp_path / "no-such-file.safetensors"))   # from memory: the path is never read

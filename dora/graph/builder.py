@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from dora.graph.diagnostics import Diagnostic
-from dora.graph.model import AsyncConfig, Edge, Graph, Node, Pool, WeightsEdge
+from dora.graph.model import AsyncConfig, Edge, Graph, Node, Pool, RunConfig, WeightsEdge
 from dora.graph.opspec import OpError, resolve_op
 
 WEIGHTS_PORT = "weights"
@@ -104,8 +104,9 @@ class Pipeline:
 
     def __init__(self, name: str, model: dict[str, Any] | None = None,
                  pools: dict[str, Any] | None = None, async_: AsyncConfig | dict[str, Any] | None = None,
-                 **extra: Any):
-        self.graph = Graph(name=name, model=_plain(dict(model or {})), extra=_plain(extra))
+                 run: RunConfig | dict[str, Any] | None = None, description: str | None = None):
+        run = run if isinstance(run, RunConfig) else RunConfig(**_plain(dict(run or {})))
+        self.graph = Graph(name=name, model=_plain(dict(model or {})), run=run, description=description)
         for pname, p in (pools or {}).items():
             self.pool(pname, p)
         if async_ is not None:

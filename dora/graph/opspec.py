@@ -42,11 +42,19 @@ class ParamProblem:
 
 @dataclasses.dataclass(frozen=True)
 class ParamSpec:
+    """One setting, declared once: its type, default, allowed range or names, and what it does."""
+
     name: str
     type: str            # one of PARAM_TYPES, optionally suffixed "?" (None allowed)
     default: Any
     doc: str
     choices: tuple[Any, ...] | None = None
+    min: float | None = None          # inclusive bounds for int / float values
+    max: float | None = None
+    # Names picked from a registry that lives outside dora.graph, as "pkg.module:OBJ": OBJ is a
+    # Registry (has .names()), a collection of names, or a function value -> problem text | None.
+    # Imported only when a pipeline is checked, so dora.graph stays free of ops and algos.
+    names_from: str | None = None
 
     def __post_init__(self) -> None:
         if self.type.rstrip("?") not in PARAM_TYPES:
@@ -81,13 +89,44 @@ class ParamSpec:
         if not ok:
             return value, f"must be {self.type}, got {type(value).__name__} {value!r}"
         if self.choices is not None and value not in self.choices:
-            return value, f"must be one of {list(self.choices)}, got {value!r}"
+            close = did_you_mean(value, [str(c) for c in self.choices]) if isinstance(value, str) else None
+            return value, f"must be one of {list(self.choices)}, got {value!r}" + (f" ({close})" if close else "")
+        if base in ("int", "float"):
+            if self.min is not None and value < self.min:
+                return value, f"must be >= {self.min:g}, got {value!r}"
+            if self.max is not None and value > self.max:
+                return value, f"must be <= {self.max:g}, got {value!r}"
         return value, None
+
+    def check_name(self, value: Any) -> str | None:
+        """What is wrong with a name picked from `names_from` (None: fine, or nothing to check)."""
+        if self.names_from is None or not isinstance(value, str):
+            return None
+        source = import_object(self.names_from)
+        if callable(source) and not hasattr(source, "names"):
+            return source(value)
+        names = list(source.names()) if hasattr(source, "names") else list(source)
+        if value in names:
+            return None
+        hint = did_you_mean(value, names) or f"one of {', '.join(map(str, names))}"
+        return f"unknown name {value!r} ({hint})"
+
+    @property
+    def range_text(self) -> str | None:
+        if self.min is None and self.max is None:
+            return None
+        lo = "" if self.min is None else f"{self.min:g} <= "
+        hi = "" if self.max is None else f" <= {self.max:g}"
+        return f"{lo}x{hi}"
 
     def describe(self) -> dict[str, Any]:
         d = {"name": self.name, "type": self.type, "default": self.default, "doc": self.doc}
         if self.choices is not None:
             d["choices"] = list(self.choices)
+        if self.range_text:
+            d["range"] = self.range_text
+        if self.names_from:
+            d["names_from"] = self.names_from
         return d
 
 
@@ -126,6 +165,10 @@ class OpSpec:
     is_update: bool = False                 # may be the source of a weights edge
     is_generate: bool = False               # may be the target of a weights edge
     when: tuple[When, ...] = ()
+    # Rules that tie several params together (e.g. a loss and the knobs it accepts), next to the
+    # op's code: "pkg.module:function", filled params -> [(param, problem)]. Imported only when a
+    # pipeline is checked, after every single param checked out.
+    check: str | None = None
 
     @property
     def is_source(self) -> bool:
@@ -163,6 +206,20 @@ class OpSpec:
             "is_update": self.is_update,
             "is_generate": self.is_generate,
         }
+
+
+def setting(default: Any, doc: str, **bounds: Any) -> Any:
+    """A dataclass field that declares one section setting (`async:`, `run:`): its default, doc and
+    bounds (choices, min, max). dora.graph.sections turns these fields into ParamSpecs."""
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"doc": doc, **bounds})
+    return dataclasses.field(default=default, metadata={"doc": doc, **bounds})
+
+
+def import_object(path: str) -> Any:
+    """The object at "pkg.module:NAME"."""
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def did_you_mean(word: str, candidates: list[str] | tuple[str, ...]) -> str | None:
@@ -218,15 +275,25 @@ def param_problems(spec: OpSpec, params: dict[str, Any]) -> list[ParamProblem]:
         _, err = ps.check(value)
         if err:
             problems.append(ParamProblem(key, f"param {key!r} {err}", f"{ps.name}: {ps.doc}; default {ps.default!r}"))
+    if problems:
+        return problems
+    filled = fill_params(spec, params, checked=True)
+    for key, ps in spec.params.items():
+        err = ps.check_name(filled[key])
+        if err:
+            problems.append(ParamProblem(key, f"param {key!r}: {err}", f"{ps.name}: {ps.doc}"))
+    if not problems and spec.check is not None:
+        for key, message in import_object(spec.check)(filled):
+            problems.append(ParamProblem(key, message))
     return problems
 
 
-def fill_params(spec: OpSpec, params: dict[str, Any]) -> dict[str, Any]:
+def fill_params(spec: OpSpec, params: dict[str, Any], checked: bool = False) -> dict[str, Any]:
     """Params with defaults filled in and values type-checked (ints widened to floats).
 
-    Raises ParamError listing every problem at once.
+    Raises ParamError listing every problem at once (`checked`: the caller already checked).
     """
-    problems = param_problems(spec, params)
+    problems = [] if checked else param_problems(spec, params)
     if problems:
         raise ParamError(spec.name, problems)
     out: dict[str, Any] = {}

@@ -13,8 +13,9 @@ from typing import Iterable
 import networkx as nx
 
 from dora.graph.diagnostics import Diagnostic, GraphError, error, errors_of, warning
-from dora.graph.model import ASYNC_MODES, ROUTINGS, Graph
+from dora.graph.model import ROUTINGS, Graph
 from dora.graph.opspec import OpSpec, builtin_ops, did_you_mean, param_problems
+from dora.graph.resolve import settings_problems
 from dora.graph.schema import Schemas, propagate, resolve_all
 
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
@@ -43,7 +44,7 @@ def validate(g: Graph) -> list[Diagnostic]:
     schemas = propagate(g, specs)
     _check_columns(g, schemas, diags)
     _check_weights(g, specs, diags)
-    _check_async(g, schemas, diags)
+    diags += settings_problems(g, specs)
     return diags
 
 
@@ -241,33 +242,6 @@ def _check_weights(g: Graph, specs: dict[str, OpSpec | None], diags: list[Diagno
                 "generate node has no weights edge, so it samples from the initial policy for the whole run",
                 g.nodes[n].loc, node=n, hint=f"weights: [{{from: {updates[0]}, to: {n}}}]",
             ))
-
-
-def _check_async(g: Graph, sch: Schemas, diags: list[Diagnostic]) -> None:
-    a = g.async_
-    if a.mode not in ASYNC_MODES:
-        hint = did_you_mean(str(a.mode), list(ASYNC_MODES)) or f"modes: {', '.join(ASYNC_MODES)}"
-        diags.append(error(f"unknown async mode {a.mode!r}", g.loc_of("async.mode"), hint=hint))
-    for key, lo in (("train_batch", 1), ("rollout_batch", 1), ("max_staleness", 0)):
-        v = getattr(a, key)
-        if not _is_int(v) or v < lo:
-            diags.append(error(f"async.{key} must be an int >= {lo}, got {v!r}", g.loc_of(f"async.{key}")))
-    if not isinstance(a.elastic, bool):
-        diags.append(error(f"async.elastic must be true or false, got {a.elastic!r}", g.loc_of("async.elastic")))
-    elif a.elastic:
-        diags.append(error("async.elastic: lending trainer devices to rollout is simulated only for now "
-                           "(dora simulate --elastic); dora run cannot do it yet", g.loc_of("async.elastic"),
-                           hint="remove async.elastic, or compare with: dora simulate --elastic"))
-    # whole groups (C2) and exactly train_batch per step only fit together if groups divide it
-    for n, spec in sch.specs.items():
-        params = sch.params.get(n)
-        if spec is not None and spec.name == "dataset" and params and _is_int(a.train_batch) and a.train_batch > 0:
-            gs = params["group_size"]
-            if gs > 0 and a.train_batch % gs:
-                diags.append(warning(
-                    f"async.train_batch {a.train_batch} is not a multiple of group_size {gs}: a step cannot hold whole groups",
-                    g.loc_of("async.train_batch"), hint=f"use train_batch {a.train_batch - a.train_batch % gs or gs}",
-                ))
 
 
 def check_file(path: str, overrides: Iterable[str] = ()) -> tuple[Graph | None, list[Diagnostic]]:

@@ -16,15 +16,17 @@ from typing import Any, Iterable
 import yaml
 
 from dora.graph.diagnostics import Diagnostic, GraphError, error, errors_of
-from dora.graph.model import AsyncConfig, Edge, Graph, Node, Pool, SourceLoc, WeightsEdge
+from dora.graph.model import AsyncConfig, Edge, Graph, Node, Pool, RunConfig, SourceLoc, WeightsEdge
 from dora.graph.opspec import did_you_mean
+from dora.graph.sections import section_specs
 
 TOP_KEYS = ("name", "description", "defaults", "model", "pools", "nodes", "weights", "async", "run")
 NODE_KEYS = ("op", "params", "pool", "replicas", "inputs")
 EDGE_KEYS = ("from", "group_by", "capacity", "capacity_bytes", "routing")
 POOL_KEYS = ("device", "count")
 WEIGHTS_KEYS = ("from", "to")
-ASYNC_KEYS = ("mode", "max_staleness", "rollout_batch", "train_batch", "elastic")
+ASYNC_KEYS = tuple(section_specs(AsyncConfig))
+RUN_KEYS = tuple(section_specs(RunConfig))
 COMMAND_LINE = SourceLoc("<command line>", None)
 _DOLLAR_BRACE = re.compile(r"(\\*)\$\{")
 
@@ -37,34 +39,78 @@ def _join(path: str, key: Any) -> str:
     return f"{path}.{key}" if path else str(key)
 
 
+# An alias re-uses a node: expanding aliases of aliases grows exponentially (an "alias bomb"), and
+# an anchor used inside itself never ends. A pipeline is a few hundred values; past this many
+# expanded values the file is refused.
+MAX_VALUES = 100_000
+
+
+class _AliasError(Exception):
+    def __init__(self, message: str, line: int | None):
+        self.line = line
+        super().__init__(message)
+
+
+def _syntax_error(e: yaml.MarkedYAMLError, file: str) -> Diagnostic:
+    """Name the line where the unclosed construct opened (context) and where the parser failed (problem)."""
+    opened = e.context_mark.line + 1 if e.context_mark is not None else None
+    failed = e.problem_mark.line + 1 if e.problem_mark is not None else None
+    problem = e.problem or "syntax error"
+    if opened is not None and failed is not None and opened != failed:
+        what = (e.context or "").removeprefix("while parsing ").removeprefix("while scanning ").removeprefix("a ")
+        return error(f"YAML syntax error: the {what} that opens here is not closed: {problem} "
+                     f"(the parser failed at line {failed}, column {e.problem_mark.column + 1})",
+                     SourceLoc(file, opened), hint="close it on its own line, or fix what the parser stopped at")
+    what = " ".join(x for x in (e.context, problem) if x)
+    return error(f"YAML syntax error: {what}", SourceLoc(file, failed or opened), hint="fix the YAML syntax at this line")
+
+
 def compose(text: str, file: str) -> tuple[Any, Locs, list[Diagnostic]]:
     """Parse YAML text into plain data, recording the line of every mapping key and list item."""
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        line = mark.line + 1 if mark is not None else None
-        what = " ".join(x for x in (e.context, e.problem) if x)
-        return None, {}, [error(f"YAML syntax error: {what}", SourceLoc(file, line), hint="fix the YAML syntax at this line")]
+        return None, {}, [_syntax_error(e, file)]
     except yaml.YAMLError as e:
         return None, {}, [error(f"YAML error: {e}", SourceLoc(file, None))]
     locs: Locs = {}
     diags: list[Diagnostic] = []
     loader = yaml.SafeLoader("")
+    active: set[int] = set()   # nodes being expanded now: meeting one again is a recursive anchor
+    expanded = [0]
 
     def walk(node: yaml.Node, path: str) -> Any:
-        if isinstance(node, yaml.MappingNode):
+        line = node.start_mark.line + 1
+        if id(node) in active:
+            raise _AliasError(f"recursive anchor: the value at {path or 'the top level'} contains itself", line)
+        expanded[0] += 1
+        if expanded[0] > MAX_VALUES:
+            raise _AliasError(f"aliases expand to more than {MAX_VALUES:,} values (an alias bomb?)", line)
+        if isinstance(node, yaml.ScalarNode):
+            return loader.construct_object(node, deep=True)
+        active.add(id(node))
+        try:
+            if isinstance(node, yaml.SequenceNode):
+                items = []
+                for i, item in enumerate(node.value):
+                    p = _join(path, i)
+                    locs[p] = SourceLoc(file, item.start_mark.line + 1)
+                    items.append(walk(item, p))
+                return items
+            for knode, vnode in node.value:
+                merged = vnode.value if isinstance(vnode, yaml.SequenceNode) else [vnode]
+                if knode.tag == "tag:yaml.org,2002:merge" and any(id(m) in active for m in merged):
+                    raise _AliasError(f"recursive anchor: a merge key (<<) at {path or 'the top level'} merges "
+                                      "the mapping that contains it", knode.start_mark.line + 1)
             loader.flatten_mapping(node)   # YAML merge keys (<<) first, then check duplicates
             out: dict[Any, Any] = {}
             first_line: dict[Any, int] = {}
             for knode, vnode in node.value:
-                key = loader.construct_object(knode, deep=True)
                 line = knode.start_mark.line + 1
-                try:
-                    hash(key)
-                except TypeError:
+                if not isinstance(knode, yaml.ScalarNode):
                     diags.append(error(f"mapping key at {path or 'top level'} is not a scalar", SourceLoc(file, line)))
                     continue
+                key = loader.construct_object(knode, deep=True)
                 if key in first_line:
                     diags.append(error(
                         f"duplicate key {key!r} in {path or 'the top level'} (first at line {first_line[key]})",
@@ -77,18 +123,20 @@ def compose(text: str, file: str) -> tuple[Any, Locs, list[Diagnostic]]:
                 locs[p] = SourceLoc(file, line)
                 out[key] = walk(vnode, p)
             return out
-        if isinstance(node, yaml.SequenceNode):
-            items = []
-            for i, item in enumerate(node.value):
-                p = _join(path, i)
-                locs[p] = SourceLoc(file, item.start_mark.line + 1)
-                items.append(walk(item, p))
-            return items
-        return loader.construct_object(node, deep=True)
+        finally:
+            active.discard(id(node))
 
     if root is None:
         return None, {}, [error("the pipeline file is empty", SourceLoc(file, 1))]
-    data = walk(root, "")
+    try:
+        data = walk(root, "")
+    except _AliasError as e:
+        return None, {}, [error(str(e), SourceLoc(file, e.line), hint="write the value out instead of aliasing it")]
+    except RecursionError:   # a merge key (<<) that merges its own mapping loops inside PyYAML
+        return None, {}, [error("recursive anchor: a merge key (<<) merges the mapping that contains it",
+                                SourceLoc(file, None), hint="write the value out instead of aliasing it")]
+    except yaml.YAMLError as e:   # e.g. a merge key whose value is not a mapping
+        return None, {}, [_syntax_error(e, file) if isinstance(e, yaml.MarkedYAMLError) else error(f"YAML error: {e}", SourceLoc(file, None))]
     return data, locs, diags
 
 
@@ -301,9 +349,11 @@ def graph_from_data(data: Any, locs: Locs, file: str | None) -> tuple[Graph | No
     a = section("async", dict, {})
     diags += _check_keys(a, ASYNC_KEYS, "async", "async", locs, file)
     g.async_ = AsyncConfig(loc=locs.get("async", SourceLoc(file, None)), **{k: v for k, v in a.items() if k in ASYNC_KEYS})
-    for key in ("description", "run"):
-        if key in data:
-            g.extra[key] = data[key]
+    r = section("run", dict, {})
+    diags += _check_keys(r, RUN_KEYS, "run", "run", locs, file)
+    g.run = RunConfig(loc=locs.get("run", SourceLoc(file, None)), **{k: v for k, v in r.items() if k in RUN_KEYS})
+    if "description" in data:
+        g.description = data["description"]
     return g, diags
 
 
@@ -359,8 +409,8 @@ def graph_to_data(g: Graph) -> dict[str, Any]:
     """The plain-data form of a Graph (what to_yaml writes)."""
     defaults = Edge("", "", "", "")
     d: dict[str, Any] = {"name": g.name}
-    if "description" in g.extra:
-        d["description"] = g.extra["description"]
+    if g.description is not None:
+        d["description"] = g.description
     if g.model:
         d["model"] = dict(g.model)
     if g.pools:
@@ -385,13 +435,10 @@ def graph_to_data(g: Graph) -> dict[str, Any]:
     d["nodes"] = nodes
     if g.weights:
         d["weights"] = [{"from": w.src, "to": w.dst} for w in g.weights]
-    a = g.async_
-    d["async"] = {"mode": a.mode, "max_staleness": a.max_staleness, "rollout_batch": a.rollout_batch, "train_batch": a.train_batch}
-    if a.elastic:
-        d["async"]["elastic"] = a.elastic
-    for k, v in g.extra.items():
-        if k != "description":
-            d[k] = v
+    d["async"] = {k: getattr(g.async_, k) for k in ASYNC_KEYS}
+    run = {k: getattr(g.run, k) for k in RUN_KEYS if getattr(g.run, k) != section_specs(RunConfig)[k].default}
+    if run:
+        d["run"] = run
     return _escape(d)
 
 

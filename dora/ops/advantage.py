@@ -21,23 +21,18 @@ from dora.algos import advantages as adv_mod
 from dora.algos import kl as kl_mod
 from dora.ops.base import OpContext, Operator
 from dora.ops.batching import pad_lists, require_columns, response_mask, unpad, with_column
-from dora.ops.group_buffer import GroupBuffer, resolve_group_size
-
-DEFAULTS = {"estimator": "grpo", "gamma": 1.0, "lam": 1.0, "whiten": True, "kl_coef": 0.0, "kl_estimator": "k1"}
-
+from dora.ops.group_buffer import GroupBuffer
 
 class AdvantageOp(Operator):
     control_methods = ("stats",)
 
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)
-        self.p = {**DEFAULTS, **ctx.params}
+        self.p = ctx.params
         self.estimator = self.p["estimator"]
-        adv_mod.ADVANTAGE_ESTIMATORS.get(self.estimator)          # unknown name -> ValueError now, not at the first batch
-        kl_mod.KL_ESTIMATORS.get(self.p["kl_estimator"])
         self.est_params = ({"gamma": self.p["gamma"], "lam": self.p["lam"], "whiten": self.p["whiten"]}
                            if self.estimator == "gae" else {})
-        self.groups = GroupBuffer(resolve_group_size(ctx.params, ctx.async_cfg, ctx.label), ctx.label)
+        self.groups = GroupBuffer(ctx.async_.group_size, ctx.label)
         self.rows_out = 0
         self.incomplete_rows = 0
 

@@ -11,6 +11,9 @@ A worker (one per node replica, in a process or a Ray actor) owns one Operator a
     op.finish() -> batches              after end-of-stream on every input (flush buffers)
     op.call(method, args) -> result     a control request from the controller, only for names in
                                         `control_methods` (load_version, export, import, stats, ...)
+    op.live_stats() -> dict | None      cheap counters for the run dashboard (version hosted,
+                                        running requests, KV use, tokens generated), read by the
+                                        worker's own thread about twice a second
     op.teardown()
 
 Returned batches go to the node's output port "out". Everything on the wire is an Arrow
@@ -24,6 +27,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 
+from dora.graph.sections import AsyncSettings
+
 
 @dataclasses.dataclass
 class OpContext:
@@ -33,15 +38,20 @@ class OpContext:
     op: str                        # op name (registry key or import path)
     replica: int                   # this replica's index, 0..replicas-1
     replicas: int                  # number of replicas of this node
-    params: dict[str, Any]         # validated params with defaults filled in
+    params: dict[str, Any]         # every declared param, checked, typed, defaults filled (index, never .get)
     model: dict[str, Any]          # the pipeline's shared `model:` section
     device: str = "cpu"            # torch device string for this replica ("cpu", "cuda:0")
     threads: int = 1               # CPU threads this replica may use
     seed: int = 0
     run_dir: str | None = None     # where checkpoints / weight files / logs go
-    async_cfg: dict[str, Any] = dataclasses.field(default_factory=dict)  # the pipeline's `async:` section
+    async_: AsyncSettings = dataclasses.field(default_factory=AsyncSettings)  # after the mode's rules
+    # A resumed run: this replica's part of the checkpoint it starts from (None: a fresh start).
+    restore: dict[str, Any] | None = None
     # Set by the worker: send an event to the controller (metrics, weights published, ...).
     report: Callable[[dict[str, Any]], None] = lambda event: None
+    # Set by the worker: "still working". Call it inside long loops (a micro-batch, an engine step):
+    # the stall watchdog fails a replica that stays inside one op call without it for --stall-timeout.
+    progress: Callable[[], None] = lambda: None
 
     @property
     def label(self) -> str:
@@ -85,6 +95,9 @@ class Operator:
         if method not in self.control_methods:
             raise ValueError(f"{type(self).__name__} has no control method {method!r}; it has {list(self.control_methods)}")
         return getattr(self, method)(**args)
+
+    def live_stats(self) -> dict[str, Any] | None:
+        return None
 
     def teardown(self) -> None:
         pass

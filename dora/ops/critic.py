@@ -29,9 +29,6 @@ from dora.ops.batching import collate, micro_batches, pad_lists, require_columns
 from dora.ops.logprobs import response_hidden
 from dora.ops.update import default_model_factory
 
-DEFAULTS = {"lr": 1e-5, "gamma": 1.0, "lam": 1.0, "value_clip": 0.2, "micro_batch_tokens": 4096, "grad_clip": 1.0}
-
-
 class ValueModel(nn.Module):
     def __init__(self, backbone: nn.Module, hidden_size: int):
         super().__init__()
@@ -53,7 +50,7 @@ class CriticOp(Operator):
 
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)
-        self.p = {**DEFAULTS, **ctx.params}
+        self.p = ctx.params
         policy, tok = self.model_factory(ctx.model, ctx.device, ctx.seed)
         self.value_model = ValueModel(policy.base_model, policy.config.hidden_size).to(ctx.device)
         self.value_model.train()

@@ -42,25 +42,20 @@ class DatasetOp(Operator):
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)
         p = ctx.params
-        for key in ("size", "group_size", "batch_prompts", "epochs"):
-            lowest = 0 if key in ("size", "epochs") else 1
-            if int(p.get(key, lowest)) < lowest:
-                raise DatasetError(f"{ctx.label}: param {key} must be >= {lowest}, got {p[key]}")
-        self.group_size = int(p.get("group_size", 8))
-        self.batch_prompts = int(p.get("batch_prompts", 4))
-        self.epochs = int(p.get("epochs", 0))
-        self.shuffle = bool(p.get("shuffle", True))
-        self.seed = int(p.get("seed", 0))
+        self.group_size, self.batch_prompts, self.epochs = p["group_size"], p["batch_prompts"], p["epochs"]
+        self.shuffle, self.seed = p["shuffle"], p["seed"]
         from dora.ops.models import load_tokenizer
 
         self.tokenizer = load_tokenizer(ctx.model)
-        records = load_records(str(p.get("source", "synthetic:quickstart")), int(p.get("size", 256)), self.seed,
-                               dict(p.get("task_params") or {}))
-        self.records = [render(r, self.tokenizer, p.get("chat_template")) for r in records]
+        records = load_records(p["source"], p["size"], self.seed, dict(p["task_params"]))
+        self.records = [render(r, self.tokenizer, p["chat_template"]) for r in records]
         self.has_meta = any("task_meta" in r for r in self.records)
 
     def source(self) -> Iterator[pa.RecordBatch]:
-        picked = itertools.islice(self.stream(), self.ctx.replica, None, self.ctx.replicas)
+        # replica r of R takes every R-th prompt; a resumed run skips the prompts it had consumed
+        consumed = int((self.ctx.restore or {}).get("consumed", 0))
+        start = self.ctx.replica + consumed * self.ctx.replicas
+        picked = itertools.islice(self.stream(), start, None, self.ctx.replicas)
         while True:
             chunk = list(itertools.islice(picked, self.batch_prompts))
             if not chunk:
@@ -92,6 +87,32 @@ class DatasetOp(Operator):
 
 
 # -- loading ---------------------------------------------------------------------------------
+
+
+def source_problem(source: str) -> str | None:
+    """What is wrong with a `source` param before any data is read (None: it can be loaded)."""
+    if source.startswith("synthetic:"):
+        from dora.graph.opspec import did_you_mean
+        from dora.ops.tasks import TASKS
+
+        name = source.split(":", 1)[1]
+        if name in TASKS:
+            return None
+        return f"unknown synthetic task {name!r} ({did_you_mean(name, sorted(TASKS)) or 'tasks: ' + ', '.join(sorted(TASKS))})"
+    if source.startswith("reasoning_gym:"):
+        try:
+            from reasoning_gym.factory import DATASETS
+        except ImportError:
+            return f"source {source} needs reasoning-gym: pip install reasoning-gym"
+        from dora.graph.opspec import did_you_mean
+
+        name = source.split(":", 1)[1]
+        if name in DATASETS:
+            return None
+        return f"unknown reasoning-gym dataset {name!r} ({did_you_mean(name, sorted(DATASETS)) or 'see reasoning_gym.factory.DATASETS'})"
+    if source.endswith((".jsonl", ".json", ".parquet")):
+        return None if os.path.isfile(source) else f"dataset file {source!r} does not exist (paths are relative to where dora runs)"
+    return f"source {source!r}: expected synthetic:NAME, reasoning_gym:NAME, or a path ending in .jsonl or .parquet"
 
 
 def load_records(source: str, size: int, seed: int, task_params: dict[str, Any]) -> list[dict]:

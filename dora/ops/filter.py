@@ -16,9 +16,8 @@ import pyarrow.compute as pc
 
 from dora.ops.base import OpContext, Operator
 from dora.ops.batching import require_columns
-from dora.ops.group_buffer import GroupBuffer, resolve_group_size
+from dora.ops.group_buffer import GroupBuffer
 
-KINDS = ("dapo_dynamic",)
 # rewards closer than this count as equal (float32 rewards computed by different code paths)
 _EQUAL_TOL = 1e-6
 
@@ -28,10 +27,8 @@ class FilterOp(Operator):
 
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)
-        self.kind = ctx.params.get("kind", "dapo_dynamic")
-        if self.kind not in KINDS:
-            raise ValueError(f"{ctx.label}: unknown filter kind {self.kind!r}; valid: {', '.join(KINDS)}")
-        self.groups = GroupBuffer(resolve_group_size(ctx.params, ctx.async_cfg, ctx.label), ctx.label)
+        self.kind = ctx.params["kind"]
+        self.groups = GroupBuffer(ctx.async_.group_size, ctx.label)
         self.groups_seen = self.groups_filtered = self.rows_filtered = 0
 
     def process(self, batch: pa.RecordBatch, port: str) -> Iterable[pa.RecordBatch]:

@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from dora.graph.columns import COLUMNS
 from dora.ops.base import Operator, OpContext, WithBuffers
-from dora.ops.engines.base import Completion, Engine, SamplingRequest, states_from_wire, states_to_wire
+from dora.ops.engines.engine import Completion, Engine, SamplingRequest, states_from_wire, states_to_wire
 from dora.ops.weights.broadcast import WeightReceiver
 
 OUTPUT_COLUMNS = ("response_ids", "response_text", "behavior_logprobs", "token_versions", "policy_version",
@@ -40,7 +40,7 @@ BROADCAST_WAIT_S = 10.0
 
 
 class GenerateOp(Operator):
-    control_methods = ("submit", "load_version", "export", "import_", "interrupt_all", "stats", "abort")
+    control_methods = ("submit", "load_version", "export", "import_", "interrupt_all", "stats", "abort", "snapshot")
 
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)
@@ -49,22 +49,19 @@ class GenerateOp(Operator):
         self.engine, self.tokenizer = make_engine(p, ctx.model, device=ctx.device, model_seed=ctx.seed,
                                                   sample_seed=ctx.seed * 1000 + ctx.replica + 1,
                                                   run_dir=ctx.run_dir, label=ctx.label)
-        self.stop_ids = stop_token_ids(p.get("stop") or [], self.tokenizer, ctx.label)
+        self.stop_ids = stop_token_ids(p["stop"], self.tokenizer, ctx.label)
         self.sampling = {k: p[k] for k in ("temperature", "top_p", "top_k", "max_tokens")}
         self.in_fields: dict[str, pa.Field] = {}   # pass-through columns seen so far, in order
         self.in_flight: set[str] = set()           # uids submitted or imported here, not yet finished or handed on
-        sync = p.get("weight_sync", "file")
-        if sync not in ("file", "broadcast"):
-            raise ValueError(f"{ctx.label}: unknown weight_sync {sync!r}; use 'file' or 'broadcast'")
-        if sync == "broadcast" and p.get("engine", "torch") != "torch":
-            raise ValueError(f"{ctx.label}: weight_sync: broadcast needs engine: torch (vllm loads weights from files)")
-        if sync == "broadcast" and not ctx.run_dir:
+        if p["weight_sync"] == "broadcast" and not ctx.run_dir:
             raise ValueError(f"{ctx.label}: weight_sync: broadcast needs a run_dir (the rendezvous file is there)")
         self.receiver = None
-        if sync == "broadcast":
-            keep = int(ctx.async_cfg.get("max_staleness", 1)) + 2
+        if p["weight_sync"] == "broadcast":
+            keep = ctx.async_.max_staleness + 2
             self.receiver = WeightReceiver(ctx.run_dir, ctx.replica + 1, ctx.device, keep=keep, label=ctx.label)
         self.loads_by_source = {"file": 0, "broadcast": 0}
+        if ctx.restore and ctx.restore.get("sampling_state"):
+            self.engine.set_sampling_state(ctx.restore["sampling_state"])
 
     # ------------------------------------------------------------------ data
     def process(self, batch: pa.RecordBatch, port: str) -> Iterable[pa.RecordBatch]:
@@ -177,10 +174,24 @@ class GenerateOp(Operator):
     def stats(self) -> dict[str, Any]:
         return self.engine.stats().to_dict()
 
+    def snapshot(self) -> dict[str, Any]:
+        """This replica's part of a run checkpoint: the sampler's RNG state (None if the engine has none)."""
+        return {"sampling_state": self.engine.sampling_state()}
+
+    def live_stats(self) -> dict[str, Any]:
+        return self.stats()
+
     def teardown(self) -> None:
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.close()
+
+
+def check_params(p: dict[str, Any]) -> list[tuple[str, str]]:
+    """Rules across generate's params (dora validate runs them; see OpSpec.check)."""
+    if p["weight_sync"] == "broadcast" and p["engine"] != "torch":
+        return [("weight_sync", "weight_sync: broadcast needs engine: torch (vllm loads weights from files)")]
+    return []
 
 
 def stop_token_ids(stop: list[str], tokenizer, label: str) -> list[int]:
@@ -200,13 +211,10 @@ def make_engine(params: dict[str, Any], model_cfg: dict[str, Any], *, device: st
     """(engine, tokenizer) for the generate op's params and the pipeline's model section."""
     from dora.ops.models import load_policy
 
-    name = params.get("engine", "torch")
-    if name == "torch":
-        from dora.ops.engines.torch_engine import TorchEngine
-        model, tok = load_policy(model_cfg, device, seed=model_seed)
-        return TorchEngine(model, version=0, max_batch=int(params.get("max_batch", 64)), seed=sample_seed), tok
-    if name == "vllm":
+    if params["engine"] == "vllm":
         from dora.ops.engines.vllm_engine import VllmEngine
-        return VllmEngine.from_model_cfg(model_cfg, max_batch=int(params.get("max_batch", 64)), model_seed=model_seed,
+        return VllmEngine.from_model_cfg(model_cfg, max_batch=params["max_batch"], model_seed=model_seed,
                                          sample_seed=sample_seed, run_dir=run_dir, label=label)
-    raise ValueError(f"{label}: unknown engine {name!r}; use 'torch' or 'vllm'")
+    from dora.ops.engines.torch_engine import TorchEngine
+    model, tok = load_policy(model_cfg, device, seed=model_seed)
+    return TorchEngine(model, version=0, max_batch=params["max_batch"], seed=sample_seed), tok

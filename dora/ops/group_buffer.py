@@ -1,29 +1,19 @@
 """Hold rows until their prompt group is whole, so group-relative math sees all G responses.
 
-group_size comes from the op's params ("group_size") or the run's async section
-(ctx.async_cfg["group_size"], which the runtime fills from the dataset node's group_size). When
-neither gives it, the buffer trusts its input: each incoming batch is taken to hold whole groups,
-which is what an edge with `group_by: group_id` delivers.
+group_size is the run's (ctx.async_.group_size: the dataset node's group_size, resolved once by
+dora.graph.sections). A graph without a dataset node has none: the buffer then trusts its input,
+taking each incoming batch to hold whole groups, which is what an edge with `group_by: group_id`
+delivers.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from dora.ops.batching import concat_rows, to_batch
-
-
-def resolve_group_size(params: dict[str, Any], async_cfg: dict[str, Any], where: str) -> int | None:
-    g = params.get("group_size") or async_cfg.get("group_size")
-    if g is None:
-        return None
-    if not isinstance(g, int) or isinstance(g, bool) or g <= 0:
-        raise ValueError(f"{where}: group_size must be a positive integer, got {g!r}")
-    return g
 
 
 class GroupBuffer:

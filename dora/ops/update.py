@@ -1,49 +1,19 @@
-"""Update op: the trainer. Buffers trajectories, trains one step per train_batch, publishes weights.
-
-A step (train_step) is taken as soon as the buffer can supply EXACTLY train_batch trajectories
-(ctx.async_cfg["train_batch"]) made of whole prompt groups, groups taken oldest policy_version
-first (then arrival order); anything left waits for the next step. Per step:
-
-1. rows -> micro-batches whose padded prompt+response size fits micro_batch_tokens;
-2. for each of ppo_epochs passes over the micro-batches: forward under the current weights,
-   loss from dora.algos.losses (ratio vs the proximal policy, truncated IS vs the engine's
-   behavior_logprobs, KL to ref_logprobs when kl_coef > 0 and the column is present, entropy
-   bonus), backward with batch-wide denominators, so accumulated gradients equal those of one
-   full-batch loss; then grad-norm clipping, the step's lr (warmup + cosine), one AdamW step.
-   old_logprobs (pi_prox) are the logprobs of pass 1, detached: the weights do not change
-   before pass 1's optimizer step, so they equal a separate no-grad pass and save a forward;
-3. version v -> v + 1: weights saved with dora.ops.weights.versions.save_version and reported as
-   {"kind": "weights", "version", "path", "bytes", "seconds"}; then
-   {"kind": "train_step", "step", "version", "uids", "metrics": {...}, "seconds"};
-4. checkpoint every save_every steps and at the last step; after `steps` steps,
-   {"kind": "done", "step", "version"}; later input is counted and dropped.
-
-Every step also appends one line to <run_dir>/trained.jsonl: {"step", "version", "uids",
-"policy_versions"} (the version each trajectory was dispatched with), the trainer's own record
-of what it trained, so a run can be audited for lost, duplicated or too-stale trajectories.
-
-With `weight_sync: broadcast` (and `broadcast_to` = the generate replica count) each version is
-also sent to the replicas by torch.distributed broadcast (dora/ops/weights/broadcast.py) right
-after its file is written; the weights event then carries broadcast_s and broadcast_bytes, and
-train_step metrics do too. The file is still written, so any version can be loaded from it.
-
-Version 0 (the initial weights) is published at setup, so every generate replica can start
-from the trainer's exact weights. The model comes from dora.ops.models.load_policy(ctx.model,
-ctx.device, seed=ctx.seed) unless a model_factory is given (tests, custom models).
-"""
+"""Update op: the trainer. Trains one step whenever it can take exactly train_batch trajectories in
+whole groups (oldest policy_version first), publishes each new version on the weights edge, keeps
+the trained.jsonl ledger, and checkpoints when asked. Contract: docs/architecture.md, "Training ops"."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import shutil
 import time
 from typing import Any, Callable, Iterable
 
 import pyarrow as pa
 import torch
 
-from dora.algos import kl as kl_mod
 from dora.algos import losses
 from dora.algos.schedule import lr_at
 from dora.ops.weights import pretrained, versions as weights
@@ -52,16 +22,30 @@ from dora.ops.batching import collate, concat_rows, micro_batches, pad_lists, re
 from dora.ops.logprobs import response_logprobs
 from dora.ops.weights.broadcast import WeightBroadcaster
 
-DEFAULTS: dict[str, Any] = {
-    "loss": "ppo_clip", "lr": 1e-5, "weight_decay": 0.0, "warmup_steps": 0, "total_steps": 0, "min_lr_ratio": 0.1,
-    "grad_clip": 1.0, "micro_batch_tokens": 4096, "clip_eps": 0.2, "clip_eps_high": None, "dual_clip": None,
-    "agg": "token_mean", "tis_cap": 2.0, "kl_coef": 0.0, "kl_estimator": "k3", "entropy_coef": 0.0, "ppo_epochs": 1,
-    "steps": 20, "save_every": 0, "weight_sync": "file", "broadcast_to": 0,
-}
 NEEDS = ["uid", "prompt_ids", "response_ids", "behavior_logprobs", "advantages", "policy_version", "group_id"]
 OPTIONAL = ["reward", "ref_logprobs"]
 
 ModelFactory = Callable[[dict, str, int], tuple[Any, Any]]
+
+
+def loss_params(p: dict[str, Any]) -> dict[str, Any]:
+    """The update params that go to the policy loss function itself."""
+    out = {"clip_eps": p["clip_eps"], "clip_eps_high": p["clip_eps_high"]}
+    if p["dual_clip"] is not None:
+        out["dual_clip"] = p["dual_clip"]
+    return out
+
+
+def check_params(p: dict[str, Any]) -> list[tuple[str, str]]:
+    """Rules across update's params (dora validate runs them; see OpSpec.check)."""
+    try:
+        losses.LOSSES.check_params(p["loss"], loss_params(p))
+    except ValueError as e:
+        return [("dual_clip" if p["dual_clip"] is not None else "loss", str(e))]
+    fixed = getattr(losses.LOSSES.get(p["loss"]), "fixed_agg", None)
+    if fixed is not None and p["agg"] != fixed:
+        return [("agg", f"loss {p['loss']!r} aggregates by {fixed}, got agg {p['agg']!r} (use ppo_clip for other aggregations)")]
+    return []
 
 
 def default_model_factory(model_cfg: dict, device: str, seed: int):
@@ -71,7 +55,7 @@ def default_model_factory(model_cfg: dict, device: str, seed: int):
 
 
 class UpdateOp(Operator):
-    control_methods = ("train_ready", "stats")
+    control_methods = ("train_ready", "stats", "save_checkpoint")
 
     def __init__(self, model_factory: ModelFactory | None = None):
         self.model_factory = model_factory or default_model_factory
@@ -79,31 +63,21 @@ class UpdateOp(Operator):
     # ------------------------------------------------------------------ setup
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)
-        p = self.p = {**DEFAULTS, **ctx.params}
+        p = self.p = ctx.params
         label = ctx.label
-        losses.LOSSES.get(p["loss"])
-        kl_mod.KL_ESTIMATORS.get(p["kl_estimator"])
-        self.loss_params = {"clip_eps": p["clip_eps"], "clip_eps_high": p["clip_eps_high"]}
-        if p["dual_clip"] is not None:
-            self.loss_params["dual_clip"] = p["dual_clip"]
-        losses.LOSSES.check_params(p["loss"], self.loss_params)
-        if p["agg"] not in losses.AGGS:
-            raise ValueError(f"{label}: unknown agg {p['agg']!r}; valid: {', '.join(losses.AGGS)}")
-        tb = ctx.async_cfg.get("train_batch")
-        if not isinstance(tb, int) or isinstance(tb, bool) or tb <= 0:
-            raise ValueError(f"{label}: async.train_batch must be a positive integer, got {tb!r}")
-        self.train_batch = tb
+        self.loss_params = loss_params(p)
+        self.train_batch = ctx.async_.train_batch
         if not ctx.run_dir:
             raise ValueError(f"{label}: update needs a run_dir for weights and checkpoints")
         # keep the versions the rollout window can still be loading, plus one being written
-        self.keep_versions = int(ctx.async_cfg.get("max_staleness", 1)) + 2
+        self.keep_versions = ctx.async_.max_staleness + 2
         torch.manual_seed(ctx.seed)
         self.model, self.tokenizer = self.model_factory(ctx.model, ctx.device, ctx.seed)
         self.model.to(ctx.device)
         self.model.train()
         self.params = [q for q in self.model.parameters() if q.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=p["lr"], weight_decay=p["weight_decay"])
-        self.temperature = float(p.get("temperature") or 1.0)   # null: launch fills in the generate node's
+        self.temperature = p["temperature"]   # null in the YAML: resolved to the generate node's
         self.pad_id = int(getattr(self.tokenizer, "pad_token_id", 0) or 0)
         self.buffer: pa.Table | None = None
         self.step = 0
@@ -112,9 +86,14 @@ class UpdateOp(Operator):
         self.dropped_rows = 0
         self.last_saved_step = -1
         os.makedirs(ctx.run_dir, exist_ok=True)
-        self.ledger = open(os.path.join(ctx.run_dir, "trained.jsonl"), "w", encoding="utf-8")
-        if p["weight_sync"] not in ("file", "broadcast"):
-            raise ValueError(f"{label}: unknown weight_sync {p['weight_sync']!r}; use 'file' or 'broadcast'")
+        if ctx.restore:
+            self._restore(ctx.restore["checkpoint"])
+        # The trainer's own ledger; a resumed run appends, marking where it rolled back to: steps after
+        # the checkpoint that a dead run had trained are superseded by the lines that follow the mark.
+        self.ledger = open(os.path.join(ctx.run_dir, "trained.jsonl"), "a" if ctx.restore else "w", encoding="utf-8")
+        if ctx.restore:
+            self.ledger.write(json.dumps({"resumed_from_step": self.step, "version": self.version}) + "\n")
+            self.ledger.flush()
         self.broadcaster: WeightBroadcaster | None = None
         self.last_broadcast: dict[str, float] = {}
         if p["weight_sync"] == "broadcast":
@@ -139,10 +118,39 @@ class UpdateOp(Operator):
         return ()
 
     def finish(self) -> Iterable[pa.RecordBatch]:
-        if self.step > 0 and self.last_saved_step != self.step:
-            pretrained.save_checkpoint(self.model, self.tokenizer, self.ctx.run_dir, self.step, {"version": self.version})
-            self.last_saved_step = self.step
+        self.save_checkpoint()
         return ()
+
+    def save_checkpoint(self, folder: str | None = None) -> dict:
+        """Write the step just trained: a transformers folder plus trainer/ (optimizer, lr step, RNG).
+
+        `folder`: the run's staged checkpoint, to which the driver adds the rest of the run state
+        (dora/runtime/checkpoint.py); None: checkpoints/step_N on its own (temp folder + rename).
+        """
+        if self.step == 0 or (folder is None and self.last_saved_step == self.step):
+            return {"step": self.step, "folder": None}
+        final = folder or pretrained.checkpoint_dir(self.ctx.run_dir, self.step)
+        target = folder or f"{final}.tmp{os.getpid()}"
+        os.makedirs(target, exist_ok=True)
+        pretrained.write_pretrained(self.model, self.tokenizer, target, {"step": self.step, "version": self.version})
+        os.makedirs(os.path.join(target, "trainer"), exist_ok=True)
+        torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step, "version": self.version,
+                    "rng": torch.get_rng_state()}, os.path.join(target, "trainer", "state.pt"))
+        if folder is None:
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(target, final)
+        self.last_saved_step = self.step
+        return {"step": self.step, "folder": final}
+
+    def _restore(self, folder: str) -> None:
+        """Continue from a checkpoint written by save_checkpoint: weights, optimizer, lr step, RNG."""
+        pretrained.load_pretrained_weights(self.model, folder)
+        state = torch.load(os.path.join(folder, "trainer", "state.pt"), weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        self.step = self.last_saved_step = int(state["step"])
+        self.version = int(state["version"])
+        self.done = self.step >= self.p["steps"]
 
     def _select(self) -> list[int] | None:
         """Row indices of exactly train_batch rows in whole groups, preferring the oldest policy_version; or None."""
@@ -199,7 +207,7 @@ class UpdateOp(Operator):
         use_ref = p["kl_coef"] > 0 and "ref_logprobs" in cols
         total_tokens = float(sum(lengths))
         total_seqs = float(sum(1 for n in lengths if n))
-        mbs = micro_batches([len(a) + len(b) for a, b in zip(prompts, resps)], int(p["micro_batch_tokens"]))
+        mbs = micro_batches([len(a) + len(b) for a, b in zip(prompts, resps)], p["micro_batch_tokens"])
         old: dict[int, torch.Tensor] = {}
         sums: dict[str, float] = {}
         weight_sum = 0.0
@@ -208,9 +216,10 @@ class UpdateOp(Operator):
                    min_lr_ratio=p["min_lr_ratio"])
         grad_norms: list[float] = []
         dev = self.ctx.device
-        for epoch in range(int(p["ppo_epochs"])):
+        for epoch in range(p["ppo_epochs"]):
             self.optimizer.zero_grad(set_to_none=True)
             for k, mb in enumerate(mbs):
+                self.ctx.progress()   # a long step is still work: the stall watchdog sees each micro-batch
                 pb = collate([prompts[i] for i in mb], [resps[i] for i in mb], self.pad_id).to(dev)
                 T = pb.response_ids.shape[1]
                 logp, ent = response_logprobs(self.model, pb, temperature=self.temperature, with_entropy=True,
@@ -247,7 +256,7 @@ class UpdateOp(Operator):
         staleness = [self.version - v for v in cols["policy_version"]]
         metrics = {key: (val if key == "ratio_max" else val / max(weight_sum, 1.0)) for key, val in sums.items()}
         metrics.update({
-            "loss": loss_total / int(p["ppo_epochs"]), "lr": lr,
+            "loss": loss_total / p["ppo_epochs"], "lr": lr,
             "grad_norm": sum(grad_norms) / len(grad_norms),  # before clipping, mean over ppo_epochs
             "staleness_max": max(staleness), "staleness_mean": sum(staleness) / len(staleness),
             "tokens": int(total_tokens), "trajectories": len(chosen), "micro_batches": len(mbs),
@@ -265,11 +274,7 @@ class UpdateOp(Operator):
         metrics.update(self.last_broadcast)
         self.ctx.report({"kind": "train_step", "node": self.ctx.node, "step": self.step, "version": self.version,
                          "uids": cols["uid"], "metrics": metrics, "seconds": seconds_train})
-        save_every = int(p["save_every"])
-        if self.step >= int(p["steps"]) or (save_every > 0 and self.step % save_every == 0):
-            pretrained.save_checkpoint(self.model, self.tokenizer, self.ctx.run_dir, self.step, {"version": self.version})
-            self.last_saved_step = self.step
-        if self.step >= int(p["steps"]):
+        if self.step >= p["steps"]:
             self.done = True
             self.ctx.report({"kind": "done", "node": self.ctx.node, "step": self.step, "version": self.version})
 
@@ -294,6 +299,9 @@ class UpdateOp(Operator):
             ledger.close()
 
     # ------------------------------------------------------------------ control
+    def live_stats(self) -> dict:
+        return {"version": self.version, "step": self.step}
+
     def stats(self) -> dict:
         return {"step": self.step, "version": self.version, "done": self.done, "train_batch": self.train_batch,
                 "buffered_rows": 0 if self.buffer is None else self.buffer.num_rows, "dropped_rows": self.dropped_rows}

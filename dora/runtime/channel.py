@@ -28,18 +28,26 @@ from typing import Any
 import pyarrow as pa
 import zmq
 
-from dora.runtime import routing, wire
+from dora.runtime import routing, security, wire
 from dora.runtime.errors import WireError
 
 
-def bind_router(ctx: zmq.Context, host: str = "127.0.0.1", transport: str = "tcp", ipc_path: str | None = None) -> tuple[zmq.Socket, str]:
-    """A ROUTER bound to a random TCP port on `host` (or an ipc:// path); returns (socket, endpoint)."""
+def bind_router(ctx: zmq.Context, host: str = "127.0.0.1", transport: str = "tcp", ipc_path: str | None = None,
+                endpoint: str | None = None) -> tuple[zmq.Socket, str]:
+    """A ROUTER bound to a random TCP port on `host` (or an ipc:// path, or exactly `endpoint`: a
+    respawned replica takes its predecessor's); returns (socket, endpoint)."""
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES + (1 << 16))
-    if transport == "ipc":
+    # a respawned worker connects under its predecessor's identity (node[r]) before the dead
+    # connection is noticed: the new one must take the identity over, or its messages go unnamed
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    security.server(sock)   # CURVE when the run's sockets leave the machine (no-op otherwise)
+    if endpoint is not None:
+        sock.bind(endpoint)
+    elif transport == "ipc":
         sock.bind(f"ipc://{ipc_path}")
     else:
         sock.bind(f"tcp://{host}:0")
@@ -53,6 +61,7 @@ def connect_dealer(ctx: zmq.Context, endpoint: str, identity: bytes | None = Non
     sock.setsockopt(zmq.LINGER, 0)
     if identity is not None:
         sock.setsockopt(zmq.IDENTITY, identity)
+    security.client(sock)
     sock.connect(endpoint)
     return sock
 
@@ -67,6 +76,7 @@ class OutEdge:
         self.edge, self.sender = edge, sender
         self.mode, self.column = routing.parse(routing_, group_by)
         self.capacity, self.capacity_bytes = capacity, capacity_bytes
+        self.ctx, self.endpoints = ctx, list(endpoints)
         self.socks = [connect_dealer(ctx, ep) for ep in endpoints]
         n = len(self.socks)
         self.inflight_n, self.inflight_b, self.seq = [0] * n, [0] * n, [0] * n
@@ -160,6 +170,16 @@ class OutEdge:
             if edge == self.edge:
                 self.on_credit(sock_index, n, nbytes)
 
+    def reset_consumer(self, r: int) -> None:
+        """Consumer replica r was respawned: what was sent to the dead one and not acknowledged is gone
+        (the run reissues it), so its credits come back and numbering starts again on a new connection."""
+        self.socks[r].close(0)            # drops what zmq still queued for the dead peer
+        self.socks[r] = connect_dealer(self.ctx, self.endpoints[r])
+        self.inflight_n[r] = self.inflight_b[r] = self.seq[r] = 0
+        if self.closed:                   # this side had ended: the new consumer must hear it too
+            self.socks[r].send_multipart(wire.encode_eos(self.edge, 0, self.sender))
+            self.seq[r] = 1
+
     def send_eos(self) -> None:
         if self.closed:
             return
@@ -188,8 +208,9 @@ class Delivery:
 class Inbox:
     """The consumer side of one replica: all its input edges on one ROUTER, every message checked."""
 
-    def __init__(self, ctx: zmq.Context, host: str = "127.0.0.1", transport: str = "tcp", ipc_path: str | None = None):
-        self.sock, self.endpoint = bind_router(ctx, host, transport, ipc_path)
+    def __init__(self, ctx: zmq.Context, host: str = "127.0.0.1", transport: str = "tcp", ipc_path: str | None = None,
+                 endpoint: str | None = None):
+        self.sock, self.endpoint = bind_router(ctx, host, transport, ipc_path, endpoint)
         self.ports: dict[str, str] = {}            # edge -> port
         self.senders: dict[str, set[str]] = {}     # edge -> producer labels expected
         self.next_seq: dict[tuple[str, str], int] = {}
@@ -206,6 +227,13 @@ class Inbox:
         self.limits[edge] = (max(1, capacity // 2), max(1, capacity_bytes // 2))
         for s in senders:
             self.next_seq[(s, edge)] = 0
+
+    def reset_sender(self, sender: str) -> None:
+        """Producer replica `sender` was respawned: its numbering starts again; what it owed is void."""
+        for key in self.next_seq:
+            if key[0] == sender:
+                self.next_seq[key] = 0
+                self.eos.discard(key)
 
     def all_eos(self) -> bool:
         return len(self.eos) == len(self.next_seq)

@@ -2,7 +2,7 @@
 
 The rollout orchestrator (dora/runtime/rollout) never calls time.* itself, so the same code runs
 against wall time in the real runtime (`RealClock`) and against a discrete-event virtual clock in
-the simulator (`dora.sim.clock.VirtualClock`).
+the simulator (`dora.sim.virtual_clock.VirtualClock`).
 """
 
 from __future__ import annotations

@@ -35,5 +35,14 @@ class CallError(RuntimeError):
         super().__init__(f"{node}[{replica}].{method}() failed: {error}" + (f"\n{traceback.rstrip()}" if traceback else ""))
 
 
+class ReplicaLost(RuntimeError):
+    """A control call whose replica died (or raised, froze, stalled) before it answered; the run goes
+    on: the run controller respawns the replica and the driver reissues what it held."""
+
+    def __init__(self, label: str, why: str):
+        self.label, self.why = label, why
+        super().__init__(f"{label} was lost: {why}")
+
+
 class PlacementError(ValueError):
     """A graph that cannot be placed on its pools (names the node and pool)."""

@@ -18,38 +18,47 @@ REQUIRED_KEYS = (
 )
 
 
-def _clean(value: Any) -> Any:
+def clean_json(value: Any) -> Any:
     """JSON has no NaN/inf: write them as null so every line parses everywhere."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: clean_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [clean_json(v) for v in value]
     return value
 
 
 class MetricsLog:
-    """Appends step records to DIR/metrics.jsonl as they happen (a crash keeps what was written)."""
+    """Appends step records to DIR/metrics.jsonl as they happen (a crash keeps what was written),
+    and hands each to the `run.loggers` sinks (dora/runtime/metric_sinks.py), if any."""
 
-    def __init__(self, run_dir: str):
+    def __init__(self, run_dir: str, sinks: list[Any] | None = None, append: bool = False):
         os.makedirs(run_dir, exist_ok=True)
         self.path = os.path.join(run_dir, "metrics.jsonl")
-        self.records: list[dict[str, Any]] = []
-        self._fh = open(self.path, "w", encoding="utf-8")
+        self.records: list[dict[str, Any]] = []   # this segment's (a resumed run appends to the file)
+        self.sinks = list(sinks or [])
+        self._fh = open(self.path, "a" if append else "w", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
         missing = [k for k in REQUIRED_KEYS if k not in record]
         if missing:
             raise KeyError(f"metrics record for step {record.get('step')} lacks {missing}")
-        record = _clean(record)
+        record = clean_json(record)
         self.records.append(record)
         self._fh.write(json.dumps(record, sort_keys=True) + "\n")
         self._fh.flush()
+        if self.sinks:
+            from dora.runtime.metric_sinks import write_to
+            write_to(self.sinks, record)
 
     def close(self) -> None:
         if not self._fh.closed:
             self._fh.close()
+        if self.sinks:
+            from dora.runtime.metric_sinks import close_sinks
+            close_sinks(self.sinks)
+            self.sinks = []
 
 
 def summarize(records: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -76,12 +85,12 @@ def summarize(records: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     out["rollout_only_fraction"] = out["rollout_only_s"] / wall if wall > 0 else None
     for key in ("c1_violations", "c2_violations", "c3_violations", "migrated_requests", "reprefill_tokens"):
         out[key] = sum(r.get(key) or 0 for r in records)
-    return _clean(out)
+    return clean_json(out)
 
 
 def write_summary(run_dir: str, summary: dict[str, Any]) -> str:
     path = os.path.join(run_dir, "summary.json")
     with open(path, "w", encoding="utf-8") as fh:
-        json.dump(_clean(summary), fh, indent=2, sort_keys=True)
+        json.dump(clean_json(summary), fh, indent=2, sort_keys=True)
         fh.write("\n")
     return path

@@ -18,18 +18,24 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import time
 from typing import Any
 
 import pyarrow as pa
 
 from dora.graph.model import Graph
+from dora.graph.resolve import Resolved
 from dora.runtime.clock import RealClock
+from dora.runtime.errors import ReplicaLost
 from dora.runtime.rollout import (Finished, InstanceStats, Request, RequestState, RolloutConfig, RolloutController,
                                   TraceWriter)
+from dora.runtime import run_state
 from dora.runtime.wire import WithBuffers
 
+RESPAWNABLE_OPS = ("generate", "reward", "advantage", "filter", "reference")
 CALL_TIMEOUT_S = 120.0   # a weight load of a small model on a busy 2-core machine takes seconds, not minutes
+STOP_CHECKPOINT_S = 30.0  # a stopped run checkpoints within this, so the whole stop fits in a minute
 
 
 class RunClock(RealClock):
@@ -79,9 +85,13 @@ class ReplicaInstance:
         self.name = f"{node}[{replica}]"
         self.version: int | None = 0    # every replica starts from the same seeded version-0 weights
 
-    @property
-    def _ctrl(self):
-        return self.driver.ctrl
+    def _call(self, method: str, args: dict[str, Any], buffers: list[Any] = ()) -> Any:
+        """A control call; None if the replica died first. The control code then goes on as if the call
+        had done nothing, and the driver reissues whatever the dead replica held (on_replica_lost)."""
+        try:
+            return self.driver.ctrl.call(self.node, self.replica, method, args, timeout=CALL_TIMEOUT_S, buffers=buffers)
+        except ReplicaLost:
+            return None
 
     def load_version(self, v: int) -> None:
         if v == self.version:
@@ -89,7 +99,7 @@ class ReplicaInstance:
         path = self.driver.weight_paths[v]
         clock = self.driver.clock
         t0 = clock.now()
-        self._ctrl.call(self.node, self.replica, "load_version", {"version": v, "path": path}, timeout=CALL_TIMEOUT_S)
+        self._call("load_version", {"version": v, "path": path})
         self.driver.trace.span("rollout", self.name, "load_weights", t0, clock.now(),
                                version=v)
         self.driver.weight_loads += 1
@@ -108,12 +118,12 @@ class ReplicaInstance:
         with pa.ipc.new_stream(sink, batch.schema) as writer:
             writer.write_batch(batch)
         # over the control channel, so it stays ordered with load_version / export / interrupt_all
-        self._ctrl.call(self.node, self.replica, "submit", {}, buffers=[sink.getvalue()], timeout=CALL_TIMEOUT_S)
+        self._call("submit", {}, buffers=[sink.getvalue()])
 
     def _states(self, result: Any) -> list[RequestState]:
-        """Engine states (dora.ops.engines.base.states_to_wire) as the control code's RequestStates;
+        """Engine states (dora.ops.engines.engine.states_to_wire) as the control code's RequestStates;
         each keeps its own wire dict and raw KV frames as payload, ready for import elsewhere."""
-        value, buffers = (result.value, list(result.buffers)) if isinstance(result, WithBuffers) else (result, [])
+        value, buffers = (result.value, list(result.buffers)) if isinstance(result, WithBuffers) else (result or {}, [])
         out, at = [], 0
         for d, count in zip(value.get("states", []), value.get("frame_counts", [])):
             frames = buffers[at:at + count]
@@ -129,10 +139,10 @@ class ReplicaInstance:
         return out
 
     def export(self, uids: list[str]) -> list[RequestState]:
-        return self._states(self._ctrl.call(self.node, self.replica, "export", {"uids": list(uids)}, timeout=CALL_TIMEOUT_S))
+        return self._states(self._call("export", {"uids": list(uids)}))
 
     def interrupt_all(self) -> list[RequestState]:
-        return self._states(self._ctrl.call(self.node, self.replica, "interrupt_all", {}, timeout=CALL_TIMEOUT_S))
+        return self._states(self._call("interrupt_all", {}))
 
     def import_(self, states: list[RequestState]) -> None:
         if not states:
@@ -140,11 +150,10 @@ class ReplicaInstance:
         wire_states = [st.payload[0] for st in states]
         frames = [f for st in states for f in st.payload[1]]
         counts = [len(st.payload[1]) for st in states]
-        self._ctrl.call(self.node, self.replica, "import_", {"state": {"states": wire_states, "frame_counts": counts}},
-                        buffers=frames, timeout=CALL_TIMEOUT_S)
+        self._call("import_", {"state": {"states": wire_states, "frame_counts": counts}}, buffers=frames)
 
     def stats(self) -> InstanceStats:
-        s = self._ctrl.call(self.node, self.replica, "stats", {}, timeout=CALL_TIMEOUT_S)
+        s = self._call("stats", {}) or {}
         cap = max(1, int(s.get("kv_tokens_capacity") or 0))
         return InstanceStats(active=int(s.get("active", 0)), queued=int(s.get("queued", 0)), slots=self.slots,
                              kv_used_fraction=float(s.get("kv_tokens_used", 0)) / cap)
@@ -153,17 +162,16 @@ class ReplicaInstance:
 class RLDriver:
     """Controller driver for RL graphs: the rollout control code on the wall clock."""
 
-    def __init__(self, graph: Graph, roles: RLRoles, params: dict[str, dict[str, Any]], metrics, progress,
-                 trace: TraceWriter | None = None):
-        self.graph, self.roles, self.params = graph, roles, params
+    def __init__(self, resolved: Resolved, roles: RLRoles, metrics, progress, trace: TraceWriter | None = None):
+        self.graph, self.roles, self.params = resolved.graph, roles, resolved.params
         self.metrics, self.progress = metrics, progress
         self.trace = trace or TraceWriter(enabled=True)
-        a = graph.async_
-        group_size = int(params[roles.dataset].get("group_size", 1))
+        a = resolved.async_
         self.cfg = RolloutConfig(mode=a.mode, train_batch=a.train_batch, rollout_batch=a.rollout_batch,
-                                 group_size=group_size, max_staleness=a.max_staleness,
+                                 group_size=a.group_size, max_staleness=a.max_staleness,
                                  rebalance_period_s=2.0, kv_check_s=1.0).resolved()
-        self.total_steps = int(params[roles.update].get("steps", 1))
+        self.total_steps = self.params[roles.update]["steps"]
+        self.run_cfg = resolved.run
         self.ctrl = None                       # set by attach()
         self.rc: RolloutController | None = None
         self.clock = RunClock()
@@ -185,6 +193,22 @@ class RLDriver:
         self._done = False
         self.dataset_done = False      # the dataset sent end-of-stream: no more prompts will come
         self.stop_reason = None
+        # For whole-run checkpoints (dora/runtime/run_state.py): groups dispatched and not yet trained
+        # or dropped, prompt groups taken from each dataset replica, what a resumed run starts from.
+        self.open_groups: dict[str, list[str]] = {}
+        self.consumed = [0] * self.graph.nodes[roles.dataset].replicas
+        self.initial_version = 0
+        self.trained_before = 0                      # trajectories trained by earlier segments of this run
+        self.trained_here = 0                        # ... and by this one
+        self.reissued_groups: set[str] = set()       # in flight at the checkpoint: dispatched again, not re-read
+        self.reissued_at_resume = 0
+        self.restored_finished: list = []
+        self.snapshot = None                         # taken at a checkpoint step's publish, written at its train_step
+        self.checkpoints: list[str] = []
+        self.checkpoint_log: list[dict[str, Any]] = []   # {step, seconds, bytes} of each checkpoint written
+        self.resolved_ops = {n: resolved.op_of(n) for n in self.graph.nodes}
+        self.respawns = self.reissued_requests = self.reissue_serial = 0
+        self.late_rows = 0                           # scored rows of a retired attempt, dropped on arrival
 
     # ------------------------------------------------------------ controller hooks
     def attach(self, ctrl) -> None:
@@ -206,7 +230,11 @@ class RLDriver:
             if self.scored_schema is None:
                 self.scored_schema = batch.schema
             for row in batch.to_pylist():
-                self.scored[str(row["uid"])] = row
+                uid = str(row["uid"])
+                if uid not in self.payloads:   # an attempt that was reissued (its replica died): not ours any more
+                    self.late_rows += 1
+                    continue
+                self.scored[uid] = row
         self._maybe_train()
 
     def on_event(self, node: str, replica: int, ev: dict[str, Any]) -> None:
@@ -220,13 +248,20 @@ class RLDriver:
         elif kind == "weights":
             self.weight_paths[int(ev["version"])] = ev["path"]
             self.weight_sync[int(ev["version"])] = (ev.get("seconds"), ev.get("bytes"))
-            if int(ev["version"]) == 0:
-                return   # the trainer's starting weights: every replica already holds them
-            self._rc().on_published(int(ev["version"]))
+            version = int(ev["version"])
+            if version == self.initial_version:
+                return   # the trainer's starting weights (replicas hold v0, or load a resumed version at start)
+            if self._checkpoint_due(version):
+                self.snapshot = run_state.capture(self, version)   # before any request of this version exists
+            self._rc().on_published(version)
         elif kind == "train_step":
             self._on_train_step(ev)
         elif kind == "filtered":
             self.filtered_uids += [str(u) for u in ev.get("uids", [])]
+            for u in ev.get("uids", []):
+                members = self.open_groups.pop(str(self.payloads.get(str(u), {}).get("group_id")), None) or []
+                for m in members:
+                    self.payloads.pop(m, None)
             revoked = self._rc().on_dropped([str(u) for u in ev.get("uids", [])], reason="filtered")
             if revoked:
                 # The batch we were waiting to complete held a dropped group: it went back to the
@@ -235,6 +270,8 @@ class RLDriver:
                 self.pending_batch = None
         elif kind == "reward_errors":
             self.reward_errors += len(ev.get("uids", []))
+        elif kind == "wire_rejected":   # the first few per worker come with their reason; all are counted
+            self.progress.status(f"{node}[{replica}] rejected a message: {ev.get('error')}")
         elif kind == "done" and node == self.roles.update:
             self._done = True
         self._maybe_train()
@@ -246,8 +283,8 @@ class RLDriver:
             self.dataset_done = True
 
     def tick(self, now: float) -> None:
-        if self.rc is None and not self._enough_prompts_to_start():
-            return
+        if self.rc is None and (not self._enough_prompts_to_start() or self.initial_version not in self.weight_paths):
+            return   # (a resumed run also waits for the trainer to publish the version it resumes at)
         rc = self._rc()
         rc.tick()
         self._maybe_train()
@@ -268,21 +305,99 @@ class RLDriver:
     def done(self) -> bool:
         return self._done
 
+    def on_stop(self, reason: str) -> None:
+        """The run is asked to stop (a signal): dispatch no more, checkpoint what the trainer has trained."""
+        self._done = True
+        try:   # bounded: a trainer deep in a long step leaves the last periodic checkpoint as the one to use
+            self.ctrl.call(self.roles.update, 0, "stats", {}, timeout=STOP_CHECKPOINT_S)   # returns once it is idle
+            self.ctrl.deliver_events()   # the step it just finished, if any (written and maybe checkpointed)
+            if self.steps_done > self.initial_version and self.sent_batch is None and (
+                    not self.checkpoints or not self.checkpoints[-1].endswith(f"step_{self.steps_done}")):
+                self._commit(run_state.capture(self, self.steps_done))
+        except Exception as e:
+            self.progress.status(f"no checkpoint at stop ({type(e).__name__}: {e}); the last one stands")
+        self.stop_reason = f"stopped by {reason} after {self.steps_done} of {self.total_steps} steps"
+
+    # ------------------------------------------------------------ replicas that die (run controller)
+    def respawnable(self, node: str) -> bool:
+        """Ops that keep nothing across batches can be restarted: what they held is reissued."""
+        return self.resolved_ops.get(node) in RESPAWNABLE_OPS
+
+    def on_replica_lost(self, node: str, replica: int, why: str) -> None:
+        """Replica node[replica] died and a new process took its place (the run controller calls this
+        once it is up): reissue what the dead one held, whole groups, onto live replicas."""
+        self.progress.status(f"{node}[{replica}] lost ({why.splitlines()[0][:120]}); respawned, its work reissued")
+        self.respawns += 1
+        rc = self._rc()
+        if node == self.roles.generate:
+            name = f"{node}[{replica}]"
+            rc.manager.instances[name].version = 0   # the new process holds the seeded initial weights
+            gids, revoked = rc.instance_lost(name)   # (no dispatch lands on it until it loads the newest)
+        else:   # rows in its hands (or queued to it) are gone: every group not wholly scored goes again
+            gids = [g for g, uids in self.open_groups.items() if not all(u in self.scored for u in uids)
+                    and not (self.sent_batch and uids[0] in set(self.sent_batch["uids"]))]
+            revoked = rc.on_dropped([self.open_groups[g][0] for g in gids], reason="replica_lost")
+        if revoked:
+            self.pending_batch = None
+        self._reissue(gids)
+        if node == self.roles.generate:
+            rc.instance_restarted(f"{node}[{replica}]")
+
+    def _reissue(self, gids: list[str]) -> None:
+        """Dispatch these groups again, first, as new groups (new group id and uids: rows of the old
+        attempt still on their way are recognised and dropped), so C1 and C2 hold."""
+        for gid in gids:
+            uids = self.open_groups.pop(gid, None)
+            if not uids:
+                continue
+            self.reissue_serial += 1
+            new_gid = -self.reissue_serial          # dataset group ids are >= 0: these never collide
+            group = []
+            for i, u in enumerate(uids):
+                row = {**self.payloads.pop(u), "uid": f"{new_gid}-{i}", "group_id": new_gid, "policy_version": 0}
+                self.scored.pop(u, None)
+                self.payloads[row["uid"]] = row
+                group.append(Request(uid=row["uid"], group_id=str(new_gid), version=0,
+                                     prompt_tokens=len(row["prompt_ids"]), payload=row))
+            self.prompt_groups.appendleft(group)
+            self.reissued_groups.add(str(new_gid))
+            self.reissued_requests += len(group)
+        if gids and self.rc is not None:
+            self.rc.manager.exhausted = False
+            self.rc.tick()
+
+    def restore(self, state: dict[str, Any], pending: pa.Table | None) -> None:
+        """Start from a checkpoint (dora run --resume): see dora/runtime/run_state.py."""
+        run_state.restore(self, state, pending)
+
+
     def finish(self) -> dict[str, Any]:
         """Account for every dispatched trajectory (called once the run is over)."""
-        if self.rc is not None and not self.accounting:
-            self.accounting = self.rc.finish()
+        if not self.accounting:
+            # (no rollout controller: the run ended before any dispatch, e.g. a resumed run already complete)
+            self.accounting = self.rc.finish() if self.rc is not None else {
+                k: 0 for k in ("dispatched", "trained", "in_training_at_end", "finished_untrained", "in_flight_at_end",
+                               "lost", "dropped", "c1_violations", "c2_violations", "c3_violations")}
             self.accounting["filtered"] = len(self.filtered_uids)
             self.accounting["reward_errors"] = self.reward_errors
+            # a resumed run: this segment's identity holds on its own; these tie it to the earlier ones
+            self.accounting["trained_before_resume"] = self.trained_before
+            self.accounting["reissued_at_resume"] = self.reissued_at_resume
+            self.accounting["trained_total"] = self.trained_before + self.accounting["trained"]
+            self.accounting["respawns"] = self.respawns
+            self.accounting["reissued_requests"] = self.reissued_requests
+            self.accounting["late_rows_dropped"] = self.late_rows
         return self.accounting
 
     # ------------------------------------------------------------ internals
     def _rc(self) -> RolloutController:
         if self.rc is None:
             gen = self.graph.nodes[self.roles.generate]
-            slots = int(self.params[self.roles.generate].get("max_batch", 64))
+            slots = self.params[self.roles.generate]["max_batch"]
             instances = [ReplicaInstance(self, gen.name, r, slots) for r in range(gen.replicas)]
-            self.rc = RolloutController(self.cfg, instances, self._take_prompts, self.clock, trace=self.trace)
+            self.rc = RolloutController(self.cfg, instances, self._take_prompts, self.clock, trace=self.trace,
+                                        initial_version=self.initial_version)
+            self.rc.restore_finished(self.restored_finished)
             self.rc.start()
         return self.rc
 
@@ -308,7 +423,12 @@ class RLDriver:
     def _take_prompts(self, n_groups: int) -> list[list[Request]]:
         out = []
         while self.prompt_groups and len(out) < n_groups:
-            out.append(self.prompt_groups.popleft())
+            group = self.prompt_groups.popleft()
+            gid = group[0].group_id
+            self.open_groups[gid] = [r.uid for r in group]
+            if gid not in self.reissued_groups:   # the dataset stream position: replica r has group ids r mod R
+                self.consumed[int(gid) % len(self.consumed)] += 1
+            out.append(group)
         return out
 
     def _maybe_train(self) -> None:
@@ -355,6 +475,8 @@ class RLDriver:
             "weight_loads": sm.get("weight_loads", 0), "response_len_max": lengths[-1],
             "response_len_median": lengths[len(lengths) // 2], "train_s": ev.get("seconds"),
             "wall_s": now,
+            "wire_rejected": self.ctrl.rejected(),
+            "respawns": self.respawns, "reissued_requests": self.reissued_requests,
             "weight_sync_s": self.weight_sync.get(version, (None, None))[0],
             "weight_sync_bytes": self.weight_sync.get(version, (None, None))[1],
         }
@@ -365,6 +487,24 @@ class RLDriver:
         self.metrics.write(rec)
         self.progress.step(rec)
         self.steps_done = step
+        self.trained_here += len(sent["uids"])
+        for u in sent["uids"]:   # trained: the run forgets them (a long run's memory stays flat)
+            gid = str(self.payloads.pop(str(u), {}).get("group_id"))
+            self.open_groups.pop(gid, None)
+        if self.snapshot is not None and self.snapshot.step == version:
+            snap, self.snapshot = self.snapshot, None
+            self._commit(snap)
+
+    def _commit(self, snap) -> None:
+        t0 = time.monotonic()
+        folder = run_state.commit(self, snap, self.run_cfg.keep_checkpoints)
+        size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder) for f in fs)
+        self.checkpoints.append(folder)
+        self.checkpoint_log.append({"step": snap.step, "seconds": round(time.monotonic() - t0, 3), "bytes": size})
+
+    def _checkpoint_due(self, version: int) -> bool:
+        every = self.run_cfg.save_every
+        return version >= self.total_steps or (every > 0 and version % every == 0)
 
 
 def _mean(values) -> float | None:

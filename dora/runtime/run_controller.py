@@ -37,14 +37,19 @@ import pyarrow as pa
 import zmq
 
 from dora.graph.model import Graph
-from dora.runtime import wire
+from dora.graph.resolve import Resolved, resolve
+from dora.runtime import security, wire
 from dora.runtime.allocator import tune_malloc
 from dora.runtime.backends import Launch, get_backend
 from dora.runtime.channel import Delivery, Inbox, OutEdge, bind_router
-from dora.runtime.errors import CallError, RunFailed, WireError
+from dora.runtime.errors import CallError, ReplicaLost, RunFailed, WireError
 from dora.runtime.placement import Plan, plan as make_plan
+from dora.runtime.security import RunKeys
 
 CONTROLLER = "controller"  # the sender label of batches the controller forwards on managed edges
+# Every wait has a bound; none is a wall-clock limit on the run itself (that is the opt-in deadline_s).
+START_TIMEOUT_S = 900.0    # worker start-up: imports, model load, engine start (a large model takes minutes)
+STALL_TIMEOUT_S = 600.0    # inside one op call with no sign of progress (see OpContext.progress)
 
 
 @dataclasses.dataclass
@@ -67,7 +72,15 @@ class _W:
     endpoint: str | None = None
     last_hb: float = 0.0
     rejected: int = 0
+    stalled_s: float = 0.0      # from heartbeats: inside one op call this long without progress
+    error: tuple[str, str | None] | None = None   # (what, traceback) the op raised
+    lost: str | None = None     # why it is being replaced (respawn pending or under way)
+    lost_exited: bool = False
+    where: str = "?"            # the op method it is in
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+    live: dict[str, Any] | None = None   # the worker's latest live counters (see Worker.sample_live)
+    live_at: float = 0.0                 # when they last changed
+    in_op: bool = False                  # its last heartbeat came while it was inside an op method
 
     @property
     def label(self) -> str:
@@ -76,13 +89,23 @@ class _W:
 
 class Controller:
     def __init__(self, graph: Graph, backend: str = "local", driver: Any = None, run_dir: str | None = None,
-                 seed: int = 0, deadline_s: float = 3600.0, hb_interval: float = 0.25, hb_timeout: float = 5.0,
-                 start_timeout_s: float = 120.0, backend_options: dict[str, Any] | None = None,
-                 async_extra: dict[str, Any] | None = None):
+                 seed: int = 0, deadline_s: float | None = None, hb_interval: float = 0.25, hb_timeout: float = 5.0,
+                 start_timeout_s: float = START_TIMEOUT_S, stall_timeout_s: float = STALL_TIMEOUT_S,
+                 backend_options: dict[str, Any] | None = None, resolved: Resolved | None = None,
+                 restores: dict[str, dict[str, Any]] | None = None, secure: bool | None = None,
+                 max_restarts: int = 0, live_s: float = 0.5, monitor: Any = None):
         self.graph, self.driver, self.seed, self.deadline_s = graph, driver, seed, deadline_s
-        # run-wide facts every op may need beside the graph's `async:` section (e.g. group_size)
-        self.async_extra = dict(async_extra or {})
+        # the settings every replica gets (params filled and derived, async after the mode's rules)
+        self.resolved = resolved or resolve(graph)
+        self.restores = restores or {}   # replica label -> its part of the checkpoint a resumed run starts from
+        self.secure = secure             # CURVE on every socket (None: when the backend spans machines)
+        self.max_restarts = max_restarts   # respawns per replica, for the nodes the driver calls respawnable
+        self.restarts: collections.Counter[str] = collections.Counter()
+        self._call_depth = 0   # inside call(): a lost replica is only marked; the loop respawns it
+        self.respawn_log: list[dict[str, Any]] = []   # {replica, why, seconds until it took work again}
         self.hb_interval, self.hb_timeout, self.start_timeout_s = hb_interval, hb_timeout, start_timeout_s
+        self.stall_timeout_s = stall_timeout_s
+        self.stop_requested: str | None = None   # set (e.g. by a signal handler) to end the run cleanly
         self.plan = make_plan(graph)
         self.backend_name, self.backend_options = backend, backend_options or {}
         self._own_run_dir = run_dir is None
@@ -99,16 +122,21 @@ class Controller:
         self.stopping = False
         self.rejected_here = 0
         self.held: dict[str, collections.deque] = {}   # src node -> managed batches (and end-of-stream marks) not yet taken
+        # Workers sample live counters every live_s seconds (0 = off); `monitor.tick(controller)`
+        # is called from every wait of this thread (it keeps its own pace: the run dashboard's
+        # RunState rebuilds its snapshot once a second)
+        self.live_s, self.monitor = live_s, monitor
 
     # ------------------------------------------------------------ public API
 
     def run(self) -> RunResult:
         t0 = time.monotonic()
-        self.t_deadline = t0 + self.deadline_s
+        self.t_deadline = t0 + self.deadline_s if self.deadline_s else float("inf")
         ok = False
         try:
             self._start()
-            self._loop()
+            if not self.stop_requested:
+                self._loop()
             ok = True
             return self._result(ok, time.monotonic() - t0)
         finally:
@@ -119,17 +147,26 @@ class Controller:
         """Invoke a control method on one replica (op.call, or the worker built-ins ping/stats/pause/resume).
 
         Returns the op's result (a wire.WithBuffers when it sent raw buffers); raises CallError
-        if the op raised, RunFailed if the run failed meanwhile, TimeoutError after `timeout`.
+        if the op raised, ReplicaLost if the replica died first (it will be respawned once no call
+        is in progress), RunFailed if the run failed meanwhile, TimeoutError after `timeout`.
         """
         w = self._worker(node, replica)
+        if w.lost is not None:
+            raise ReplicaLost(w.label, w.lost)
         cid = next(self.ids)
         self._send_ctrl(w.label, {"kind": "call", "id": cid, "method": method, "args": args or {}}, buffers)
         deadline = time.monotonic() + timeout
-        while cid not in self.replies:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{w.label}.{method}() got no reply within {timeout} s")
-            self._pump(20)
-            self._check_health()
+        self._call_depth += 1
+        try:
+            while cid not in self.replies:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{w.label}.{method}() got no reply within {timeout} s")
+                self._pump(20)
+                self._check_health()
+                if w.lost is not None:
+                    raise ReplicaLost(w.label, w.lost)
+        finally:
+            self._call_depth -= 1
         msg, bufs = self.replies.pop(cid)
         if not msg.get("ok"):
             raise CallError(node, replica, method, msg.get("error", "?"), msg.get("traceback"))
@@ -150,6 +187,11 @@ class Controller:
 
     def endpoint(self, node: str, replica: int) -> str | None:
         return self._worker(node, replica).endpoint
+
+    def rejected(self) -> int:
+        """Wire messages rejected so far, over every worker (their heartbeats carry the count) and here."""
+        return (sum(w.rejected for w in self.workers.values()) + self.rejected_here
+                + (self.inbox.rejected if getattr(self, "inbox", None) else 0))
 
     def pids(self) -> dict[str, int | None]:
         return {label: w.pid for label, w in self.workers.items()}
@@ -182,6 +224,10 @@ class Controller:
         os.makedirs(os.path.join(self.run_dir, "logs"), exist_ok=True)
         self.backend = get_backend(self.backend_name, **self.backend_options)
         tune_malloc()                    # the controller receives managed edges' batches too
+        keys = None
+        if self.secure or (self.secure is None and getattr(self.backend, "multi_node", False)):
+            keys = RunKeys.generate()    # per run; workers get them with their start arguments
+            security.install(keys)
         self.zctx = zmq.Context()
         self.ctrl, self.ctrl_endpoint = bind_router(self.zctx, self.backend.host)
         self.inbox = Inbox(self.zctx, self.backend.host) if self.managed else None
@@ -190,16 +236,21 @@ class Controller:
                               e.capacity, e.capacity_bytes)
         self.outs: dict[tuple[str, str], OutEdge] = {}
         launches = [Launch(r.node, r.replica, self.ctrl_endpoint, r.env, r.pool, r.kind, r.slot,
-                           os.path.join(self.run_dir, "logs", f"{r.node}-{r.replica}.log")) for r in self.plan.replicas]
+                           os.path.join(self.run_dir, "logs", f"{r.node}-{r.replica}.log"), keys and keys.to_dict())
+                    for r in self.plan.replicas]
+        self.launches = {ln.label: ln for ln in launches}   # kept: a respawn starts the same replica again
         self.backend.start(launches)
         now = time.monotonic()
         for w in self.workers.values():
             w.last_hb = now
         deadline = now + self.start_timeout_s
         while not all(w.state == "ready" for w in self.workers.values()):
+            if self.stop_requested:
+                return   # stopped while starting: nothing to checkpoint yet
             if time.monotonic() > min(deadline, self.t_deadline):
                 late = [w.label for w in self.workers.values() if w.state != "ready"]
-                raise RunFailed(f"workers not ready within {self.start_timeout_s:.0f} s: {late}")
+                raise RunFailed(f"workers not ready within {self.start_timeout_s:.0f} s: {late} "
+                                f"(dora run --start-timeout raises the bound; their logs are in {self.run_dir}/logs)")
             self._pump(50)
             self._check_health()
         for w in self.workers.values():
@@ -213,21 +264,23 @@ class Controller:
 
     def _config(self, w: _W) -> dict[str, Any]:
         n, rp = self.graph.nodes[w.node], self.plan.get(w.node, w.replica)
-        return {"kind": "config", "op": n.op, "params": n.params, "replicas": n.replicas, "model": self.graph.model,
-                "device": rp.device, "threads": rp.threads, "seed": self.seed, "run_dir": self.run_dir,
-                "async_cfg": dataclasses.asdict(self.graph.async_) | {"loc": None} | self.async_extra, "hb_interval": self.hb_interval,
-                "hb_timeout": max(30.0, 4 * self.hb_timeout)}
+        return {"kind": "config", "op": n.op, "params": self.resolved.params[w.node], "replicas": n.replicas,
+                "model": self.graph.model, "device": rp.device, "threads": rp.threads, "seed": self.seed,
+                "run_dir": self.run_dir, "async": self.resolved.async_.to_dict(), "hb_interval": self.hb_interval,
+                "restore": self.restores.get(w.label), "bind": w.endpoint,
+                "hb_timeout": max(30.0, 4 * self.hb_timeout), "live_s": self.live_s}
 
     def _wiring(self, node: str) -> dict[str, Any]:
         g = self.graph
         outputs = []
         for e in g.consumers(node):
             if e.label in self.managed:
-                eps, rt, gb = [self.inbox.endpoint], "round_robin", None
+                eps, rt, gb, who = [self.inbox.endpoint], "round_robin", None, [CONTROLLER]
             else:
-                eps = [self.workers[f"{e.dst}[{r}]"].endpoint for r in range(g.nodes[e.dst].replicas)]
+                who = [f"{e.dst}[{r}]" for r in range(g.nodes[e.dst].replicas)]
+                eps = [self.workers[label].endpoint for label in who]
                 rt, gb = e.routing, e.group_by
-            outputs.append({"edge": e.label, "endpoints": eps, "routing": rt, "group_by": gb,
+            outputs.append({"edge": e.label, "endpoints": eps, "consumers": who, "routing": rt, "group_by": gb,
                             "capacity": e.capacity, "capacity_bytes": e.capacity_bytes})
         inputs = []
         for e in g.producers(node):
@@ -240,6 +293,8 @@ class Controller:
 
     def _pump(self, timeout_ms: int) -> None:
         """Handle every control message waiting (waiting up to timeout_ms for the first)."""
+        if self.monitor is not None:
+            self.monitor.tick(self)
         if not self.ctrl.poll(timeout_ms):
             return
         while True:
@@ -262,6 +317,10 @@ class Controller:
             if w is not None:
                 w.last_hb = time.monotonic()
                 w.rejected = int(msg.get("rejected") or 0)
+                w.stalled_s, w.where = float(msg.get("stalled_s") or 0.0), str(msg.get("where") or "?")
+                w.in_op = bool(msg.get("busy"))
+                if isinstance(msg.get("live"), dict):
+                    w.live, w.live_at = msg["live"], w.last_hb
                 self.ctrl.send_multipart([ident.encode(), b"ack"])
             return
         w = self.workers.get(ident)
@@ -272,12 +331,12 @@ class Controller:
         if kind == "hello":
             w.pid, w.state = msg.get("pid"), "configured"
             self._send_ctrl(w.label, self._config(w))
+            self.restores.pop(w.label, None)   # a checkpoint is restored once: a respawned replica starts clean
         elif kind == "ready":
             w.endpoint, w.state = msg["endpoint"], "ready"
         elif kind == "error":
-            if self.failure is None and not self.stopping:
-                self.failure = RunFailed(f"worker {w.label} (node {w.node!r}, replica {w.replica}) raised in {msg.get('where')}(): "
-                                         f"{msg.get('error')}", w.node, w.replica, msg.get("traceback"))
+            if w.error is None and not self.stopping:
+                w.error = (f"raised in {msg.get('where')}(): {msg.get('error')}", msg.get("traceback"))
         elif kind == "finished":
             w.state, w.stats = "finished", msg.get("stats") or {}
             w.rejected = int(w.stats.get("rejected", w.rejected))
@@ -295,17 +354,69 @@ class Controller:
             if not self.stopping:
                 w = self.workers[label]
                 tail = self.backend.log_tail(label) if hasattr(self.backend, "log_tail") else ""
-                self.failure = RunFailed(f"worker {label} (node {w.node!r}, replica {w.replica}) {why}"
-                                         + (f"\n--- last lines of its log ---\n{tail}" if tail else ""), w.node, w.replica)
-                raise self.failure
+                self._replica_failed(w, why + (f"\n--- last lines of its log ---\n{tail}" if tail else ""), exited=True)
         now = time.monotonic()
-        for w in self.workers.values():
+        for w in list(self.workers.values()):
+            if w.lost is not None:
+                continue
+            if w.error is not None:
+                self._replica_failed(w, *w.error)
             # before the first heartbeat a worker is importing: the start deadline covers it
-            if w.state != "starting" and now - w.last_hb > self.hb_timeout:
-                self.failure = RunFailed(f"worker {w.label} (node {w.node!r}, replica {w.replica}, pid {w.pid}) missed heartbeats "
-                                         f"for {now - w.last_hb:.1f} s (hb_timeout {self.hb_timeout} s): frozen, stopped "
-                                         f"(SIGSTOP) or starved", w.node, w.replica)
+            elif w.state != "starting" and now - w.last_hb > self.hb_timeout:
+                self._replica_failed(w, f"(pid {w.pid}) missed heartbeats for {now - w.last_hb:.1f} s (hb_timeout "
+                                        f"{self.hb_timeout} s): frozen, stopped (SIGSTOP) or starved")
+            elif w.stalled_s > self.stall_timeout_s:
+                self._replica_failed(w, f"(pid {w.pid}) made no progress for {w.stalled_s:.0f} s inside {w.where}() "
+                                        f"(stall timeout {self.stall_timeout_s:.0f} s): the op hangs while its process lives")
+        if self._call_depth == 0:   # never from inside a call: the driver's state must not change under it
+            for w in [w for w in self.workers.values() if w.lost is not None]:
+                self._respawn(w, w.lost, w.lost_exited)
+
+    def _replica_failed(self, w: _W, why: str, traceback: str | None = None, exited: bool = False) -> None:
+        """A replica died, raised, froze or stalled: respawn it when the driver allows and its restart
+        budget lasts (the driver reissues what it held), else fail the run naming it."""
+        d = self.driver
+        may = (d is not None and hasattr(d, "respawnable") and d.respawnable(w.node)
+               and self.restarts[w.label] < self.max_restarts and not self.stopping)
+        if not may:
+            budget = f" after {self.restarts[w.label]} respawn(s)" if self.restarts[w.label] else ""
+            self.failure = RunFailed(f"worker {w.label} (node {w.node!r}, replica {w.replica}) {why}{budget}",
+                                     w.node, w.replica, traceback)
+            raise self.failure
+        w.lost, w.lost_exited = why, exited   # respawned by _check_health once no call is in progress
+
+    def _respawn(self, w: _W, why: str, exited: bool) -> None:
+        """Start replica w again where it was: same inbox endpoint, fresh connections to its neighbours;
+        then the driver reissues what the dead replica held (on_replica_lost), onto a live replica."""
+        label, t0 = w.label, time.monotonic()
+        self.restarts[label] += 1
+        if not exited:
+            self.backend.kill(label)   # a hung, stalled or failed process goes first
+        fresh = _W(w.node, w.replica, last_hb=time.monotonic(), endpoint=w.endpoint)
+        self.workers[label] = fresh
+        self.backend.start([self.launches[label]])
+        deadline = t0 + self.start_timeout_s
+        while fresh.state != "ready":
+            if any(lb == label for lb, _ in self.backend.exited()) or time.monotonic() > deadline:
+                self.failure = RunFailed(f"worker {label} (node {w.node!r}, replica {w.replica}) {why}; its respawn "
+                                         f"did not come up within {self.start_timeout_s:.0f} s", w.node, w.replica)
                 raise self.failure
+            self._pump(50)
+        self._send_ctrl(label, self._wiring(w.node))
+        fresh.state = "running"
+        g = self.graph
+        neighbours = {e.src for e in g.producers(w.node)} | {e.dst for e in g.consumers(w.node)}
+        for other in self.workers.values():
+            if other.node in neighbours and other.label != label:
+                self._send_ctrl(other.label, {"kind": "peer_respawned", "label": label})
+        if self.inbox is not None:
+            self.inbox.reset_sender(label)
+        for (dst, _), out in getattr(self, "outs", {}).items():
+            if dst == w.node:
+                out.reset_consumer(w.replica)
+        if hasattr(self.driver, "on_replica_lost"):
+            self.driver.on_replica_lost(w.node, w.replica, why)
+        self.respawn_log.append({"replica": label, "why": why.splitlines()[0], "seconds": time.monotonic() - t0})
 
     def _flush(self, out: OutEdge, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -352,6 +463,16 @@ class Controller:
         if hasattr(self.driver, "on_eos"):
             self.driver.on_eos(e.src, e.dst)
 
+    def deliver_events(self) -> None:
+        """Hand the events received so far to the driver (a driver may call it from inside a hook)."""
+        d = self.driver
+        while self.events:
+            node, r, ev = self.events.popleft()
+            if d is not None and hasattr(d, "on_event"):
+                d.on_event(node, r, ev)
+            else:
+                self.kept_events.append((node, r, ev))
+
     def _sinks_done(self) -> bool:
         sinks = [n for n in self.graph.nodes if not self.graph.consumers(n)]
         return all(w.state == "finished" for w in self.workers.values() if w.node in sinks)
@@ -369,12 +490,7 @@ class Controller:
                     if s.poll(0):
                         out.drain_credits(i)
                 out.flush()
-            while self.events:
-                node, r, ev = self.events.popleft()
-                if d is not None and hasattr(d, "on_event"):
-                    d.on_event(node, r, ev)
-                else:
-                    self.kept_events.append((node, r, ev))
+            self.deliver_events()
             if d is not None and hasattr(d, "tick"):
                 d.tick(time.monotonic())
             if d is not None and d.done():
@@ -385,6 +501,11 @@ class Controller:
                 sinks_done_at = sinks_done_at or time.monotonic()
                 if all(w.state == "finished" for w in self.workers.values()) or time.monotonic() - sinks_done_at > 5.0:
                     return
+            if self.stop_requested:
+                if d is not None and hasattr(d, "on_stop"):
+                    d.on_stop(self.stop_requested)   # e.g. stop dispatch and checkpoint, workers still up
+                    self.deliver_events()            # what the trainer reported meanwhile (its last step)
+                return
             if time.monotonic() > self.t_deadline:
                 unfinished = sorted(w.label for w in self.workers.values() if w.state != "finished")
                 raise RunFailed(f"run exceeded its deadline of {self.deadline_s:.0f} s; unfinished replicas: {unfinished}")
@@ -393,8 +514,7 @@ class Controller:
 
     def _result(self, ok: bool, elapsed: float) -> RunResult:
         stats = {w.label: w.stats for w in self.workers.values()}
-        rejected = sum(w.rejected for w in self.workers.values()) + self.rejected_here + (self.inbox.rejected if self.inbox else 0)
-        return RunResult(ok, elapsed, stats, rejected, self.kept_events, self.plan, self.run_dir)
+        return RunResult(ok, elapsed, stats, self.rejected(), self.kept_events, self.plan, self.run_dir)
 
     def _shutdown(self, graceful: bool) -> None:
         self.stopping = True
@@ -412,6 +532,8 @@ class Controller:
         if getattr(self, "inbox", None) is not None:
             self.inbox.close()
         self.ctrl.close(0)
+        security.release(self.zctx)
+        security.install(None)
         self.zctx.term()
         if graceful and self._own_run_dir and self.run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)

@@ -23,7 +23,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib
+import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -32,7 +34,8 @@ from typing import Any, Iterable
 
 import zmq
 
-from dora.runtime import wire
+from dora.ops.parent_death import die_with_parent
+from dora.runtime import security, wire
 from dora.runtime.allocator import tune_malloc
 from dora.runtime.channel import Delivery, Inbox, OutEdge
 from dora.runtime.errors import WireError
@@ -69,25 +72,11 @@ def import_impl(path: str) -> type:
     return getattr(importlib.import_module(module), attr)
 
 
-def resolve(op: str, params: dict[str, Any]) -> tuple[type, dict[str, Any]]:
-    """(op class, params with defaults filled) through the graph layer's op declarations."""
-    from dora.graph.opspec import fill_params, resolve_op
+def op_class(op: str) -> type:
+    """The implementation class of an op, through the graph layer's op declarations."""
+    from dora.graph.opspec import resolve_op
 
-    spec = resolve_op(op)
-    return import_impl(spec.impl), fill_params(spec, params)
-
-
-def _set_parent_death_signal() -> None:
-    """Linux: SIGKILL this process when its parent dies, so a crashed controller leaves no workers."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+    return import_impl(resolve_op(op).impl)
 
 
 class Heartbeat(threading.Thread):
@@ -96,15 +85,25 @@ class Heartbeat(threading.Thread):
         self.sock = zctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.IDENTITY, f"{label}#hb".encode())
+        security.client(self.sock)
         self.sock.connect(endpoint)
         self.interval, self.timeout, self.worker = interval, timeout, worker
         self.halt = threading.Event()
 
     def run(self) -> None:
         last_ack = time.monotonic()
+        sent_live = None
         while not self.halt.is_set():
             inbox = self.worker.inbox
-            self.sock.send(wire.encode_control({"kind": "hb", "rejected": inbox.rejected if inbox else 0})[0])
+            # this thread beats even while the op hangs: the stall report says whether the main thread moves
+            msg = {"kind": "hb", "rejected": inbox.rejected if inbox else 0,
+                   "stalled_s": self.worker.stalled_s(), "where": self.worker.where}
+            live = self.worker.live          # replaced, never mutated, by the main thread
+            if live is not sent_live:        # only what changed: an idle worker's beat stays this small
+                msg["live"] = sent_live = live
+            if self.worker.in_op_since is not None:   # inside an op method now (a long training step, a load)
+                msg["busy"] = 1
+            self.sock.send(wire.encode_control(msg)[0])
             if self.sock.poll(int(self.interval * 1000)):
                 while self.sock.poll(0):
                     self.sock.recv()
@@ -125,6 +124,7 @@ class Worker:
         self.ctrl = self.zctx.socket(zmq.DEALER)
         self.ctrl.setsockopt(zmq.LINGER, 1000)
         self.ctrl.setsockopt(zmq.IDENTITY, self.label.encode())
+        security.client(self.ctrl)
         self.ctrl.connect(control)
         self.control_endpoint = control
         self.send_lock = threading.Lock()
@@ -137,12 +137,38 @@ class Worker:
         self.stopping = False
         self.rejects_reported = 0
         self.where = "start"   # the op method running now, for error messages
+        self.in_op_since: float | None = None   # inside op code since (None: in the worker's own loop)
+        self.progress_at = time.monotonic()     # the last sign of work: an op call returned, or ctx.progress()
+        # live counters for the dashboard, sampled by the main thread every live_s seconds and
+        # sent by the heartbeat thread when they changed (0 = off)
+        self.live: dict[str, Any] | None = None
+        self.live_s = 0.0
+        self.live_due = 0.0
+        self.work = 0          # units of work done (step() that did something)
 
     # ------------------------------------------------------------ control plane
 
     def send_ctrl(self, msg: dict[str, Any], buffers: Iterable[Any] = ()) -> None:
         with self.send_lock:  # ctx.report may be called from an op's own threads
             self.ctrl.send_multipart(wire.encode_control(msg, list(buffers)), copy=False)
+
+    def stalled_s(self) -> float:
+        """Seconds inside one op call without a sign of progress (0 when not inside op code)."""
+        since = self.in_op_since
+        return 0.0 if since is None else round(time.monotonic() - max(since, self.progress_at), 3)
+
+    def op_call(self, where: str, fn, *args):
+        """Run op code, marking it for the stall watchdog."""
+        self.where = where
+        self.in_op_since = time.monotonic()
+        try:
+            return fn(*args)
+        finally:
+            self.in_op_since = None
+            self.progress_at = time.monotonic()
+
+    def mark_progress(self) -> None:
+        self.progress_at = time.monotonic()
 
     def fail(self, where: str, exc: BaseException) -> None:
         self.state = "failed"
@@ -159,6 +185,8 @@ class Worker:
             self.paused = False
         elif kind == "start":
             self.wire_up(msg)
+        elif kind == "peer_respawned":   # a replica next to this one was restarted (run controller)
+            self.peer_respawned(msg["label"])
         elif kind == "call":
             self.handle_call(msg, buffers)
 
@@ -175,7 +203,7 @@ class Worker:
                     raise RuntimeError(f"{self.label} has no op yet (state {self.state})")
                 if buffers:
                     args = {**args, "buffers": buffers}
-                result = self.op.call(method, args)
+                result = self.op_call(method, self.op.call, method, args)
             out = result.buffers if isinstance(result, wire.WithBuffers) else []
             value = result.value if isinstance(result, wire.WithBuffers) else result
             self.send_ctrl({"kind": "reply", "id": cid, "ok": True, "result": value}, out)
@@ -210,16 +238,20 @@ class Worker:
         raise TimeoutError(f"{self.label}: no config from the controller at {self.control_endpoint} within {CONFIG_TIMEOUT_S:.0f} s")
 
     def setup(self, cfg: dict[str, Any]) -> None:
+        from dora.graph.sections import AsyncSettings
         from dora.ops.base import OpContext
 
-        cls, params = resolve(cfg["op"], cfg.get("params") or {})
+        self.live_s = float(cfg.get("live_s") or 0.0)
+        cls = op_class(cfg["op"])
         if "torch" in sys.modules:  # only pay for torch if the op uses it
             sys.modules["torch"].set_num_threads(max(1, int(cfg.get("threads", 1))))
         self.op = cls()
-        ctx = OpContext(node=self.node, op=cfg["op"], replica=self.replica, replicas=cfg["replicas"], params=params,
-                        model=cfg.get("model") or {}, device=cfg.get("device", "cpu"), threads=cfg.get("threads", 1),
-                        seed=cfg.get("seed", 0), run_dir=cfg.get("run_dir"), async_cfg=cfg.get("async_cfg") or {},
-                        report=lambda event: self.send_ctrl({"kind": "event", "event": event}))
+        # params arrive resolved (dora.graph.resolve): filled, checked and derived once, by the controller
+        ctx = OpContext(node=self.node, op=cfg["op"], replica=self.replica, replicas=cfg["replicas"], params=cfg["params"],
+                        model=cfg["model"], device=cfg["device"], threads=cfg["threads"], seed=cfg["seed"],
+                        run_dir=cfg["run_dir"], async_=AsyncSettings(**cfg["async"]), restore=cfg["restore"],
+                        report=lambda event: self.send_ctrl({"kind": "event", "event": event}),
+                        progress=self.mark_progress)
         self.op.setup(ctx)
 
     def wire_up(self, msg: dict[str, Any]) -> None:
@@ -227,11 +259,22 @@ class Worker:
         for i in msg["inputs"]:
             self.inbox.expect(i["edge"], i["port"], i["senders"], i["capacity"], i["capacity_bytes"])
         for o in msg["outputs"]:
-            self.outs.append(OutEdge(self.zctx, o["edge"], o["endpoints"], self.label, o["routing"], o.get("group_by"),
-                                     o["capacity"], o["capacity_bytes"]))
+            out = OutEdge(self.zctx, o["edge"], o["endpoints"], self.label, o["routing"], o.get("group_by"),
+                          o["capacity"], o["capacity_bytes"])
+            out.consumers = o["consumers"]   # replica labels, endpoint by endpoint
+            self.outs.append(out)
         if msg["is_source"]:
             self.source_iter = iter(self.op.source())
         self.state = "running"
+
+    def peer_respawned(self, label: str) -> None:
+        """Replica `label` was respawned: reset the connections this replica shares with it."""
+        for o in self.outs:
+            for r, ep in enumerate(o.endpoints):
+                if label == o.consumers[r]:
+                    o.reset_consumer(r)
+        if self.inbox is not None:
+            self.inbox.reset_sender(label)
 
     # ------------------------------------------------------------ data plane
 
@@ -239,6 +282,22 @@ class Worker:
         return {"in": dict(self.inbox.stats) if self.inbox else {}, "rejected": self.inbox.rejected if self.inbox else 0,
                 "reject_samples": list(self.inbox.reject_samples) if self.inbox else [],
                 "out": {o.edge: dict(o.stats) for o in self.outs}}
+
+    def sample_live(self) -> None:
+        """Counters the controller turns into edge rates and replica state: per out edge
+        [batches, rows, bytes sent, batches unacknowledged or queued], work done, the op's own."""
+        self.live_due = time.monotonic() + self.live_s
+        op_stats = None
+        if self.op is not None and self.state != "failed":
+            try:
+                op_stats = self.op.live_stats()
+            except Exception as e:   # a dashboard figure must never stop the run
+                op_stats = {"error": f"{type(e).__name__}: {e}"}
+        live = {"out": {o.edge: [o.stats["batches"], o.stats["rows"], o.stats["bytes"], sum(o.inflight_n) + len(o.queue)]
+                        for o in self.outs},
+                "work": self.work, "op": op_stats}
+        if live != self.live:
+            self.live = live
 
     def emit(self, batches: Iterable[Any] | None) -> None:
         for b in batches or ():
@@ -262,8 +321,7 @@ class Worker:
         if self.source_iter is not None:
             if all(o.has_credit() for o in self.outs):
                 try:
-                    self.where = "source"
-                    self.emit([next(self.source_iter)])
+                    self.emit([self.op_call("source", next, self.source_iter)])
                 except StopIteration:
                     self.source_iter = None
                     self.start_finish()
@@ -271,8 +329,7 @@ class Worker:
         else:
             got = self.inbox.recv()
             if isinstance(got, Delivery):
-                self.where = "process"
-                self.emit(self.op.process(got.batch, got.port))
+                self.emit(self.op_call("process", self.op.process, got.batch, got.port))
                 self.inbox.ack(got)
                 did = True
             elif isinstance(got, WireError):
@@ -285,8 +342,7 @@ class Worker:
             else:
                 self.inbox.flush_credits()  # out of input: return what we owe before waiting
         if self.op.busy():
-            self.where = "poll"
-            self.emit(self.op.poll())
+            self.emit(self.op_call("poll", self.op.poll))
             did = True
         elif self.source_iter is None and self.inbox.all_eos() and self.state == "running" and not any(o.queue for o in self.outs):
             self.start_finish()
@@ -296,8 +352,7 @@ class Worker:
     def start_finish(self) -> None:
         if self.op.busy():  # a source may still have work in flight inside the op
             return
-        self.where = "finish"
-        self.emit(self.op.finish())
+        self.emit(self.op_call("finish", self.op.finish))
         self.state = "finishing"
 
     def loop(self) -> None:
@@ -330,6 +385,10 @@ class Worker:
                 busy = self.step()
             except Exception as e:
                 self.fail(self.where, e)
+            if busy:
+                self.work += 1
+            if self.live_s and time.monotonic() >= self.live_due:
+                self.sample_live()
 
     def run(self) -> int:
         self.send_ctrl({"kind": "hello", "pid": os.getpid(), "host": self.host})
@@ -337,7 +396,9 @@ class Worker:
         hb = Heartbeat(self.zctx, self.control_endpoint, self.label, cfg.get("hb_interval", 0.25), cfg.get("hb_timeout", 30.0), self)
         hb.start()
         try:
-            if self.ipc_dir:
+            if cfg.get("bind"):   # a respawned replica takes its predecessor's endpoint: producers reconnect to it
+                self.inbox = Inbox(self.zctx, endpoint=cfg["bind"])
+            elif self.ipc_dir:
                 self.inbox = Inbox(self.zctx, transport="ipc", ipc_path=ipc_socket_path(self.ipc_dir, self.node, self.replica))
             else:
                 self.inbox = Inbox(self.zctx, self.host)
@@ -362,6 +423,7 @@ class Worker:
             if self.inbox:
                 self.inbox.close()
             self.ctrl.close(linger=1000)
+            security.release(self.zctx)
             self.zctx.term()
 
 
@@ -373,7 +435,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--ipc-dir", default=None, help="bind the inbox on ipc:// sockets in this folder instead of tcp")
     a = p.parse_args(argv)
-    _set_parent_death_signal()
+    # a secured run's keys come from the process that started this one (local backend: the environment)
+    keys = os.environ.pop("DORA_RUN_KEYS", None)
+    if keys:
+        security.install(json.loads(keys))
+    die_with_parent()   # a kill -9 of dora run takes its workers with it
+    # Ctrl-C in a terminal and a scheduler's SIGTERM reach the whole process group: the controller
+    # alone decides how a run stops (it checkpoints first, then stops its workers), so they ignore both.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return Worker(a.control, a.node, a.replica, a.host, a.ipc_dir).run()
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dora.runtime.rollout import RolloutController
 
-from .clock import VirtualClock
+from .virtual_clock import VirtualClock
 from .costmodel import CostModel
 from .sim_instance import SimInstance
 

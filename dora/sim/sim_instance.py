@@ -33,7 +33,7 @@ from typing import Callable
 from dora.runtime.rollout.trace import TraceWriter
 from dora.runtime.rollout.types import Finished, InstanceStats, Request, RequestState
 
-from .clock import VirtualClock
+from .virtual_clock import VirtualClock
 from .costmodel import CostModel
 from .workloads import Turns
 

@@ -1,9 +1,11 @@
 """`dora simulate`: run the rollout modes side by side on the cluster simulator.
 
     dora simulate --workload dapo-math --model qwen2.5-32b --gpus 64 \
-        --modes sync,one_step_off,partial,dora --steps 20 --seed 0 --json out.json
+        --modes sync,one_step_off,partial,dora --steps 20 --seed 0 --json out.json [--out DIR]
 
 Prints a table and (with --json) writes a JSON array: one object per mode, then the `ideal` row.
+--out DIR writes a run folder per mode (DIR/<mode>: metrics.jsonl, summary.json, trace.json,
+state.json) for `dora dashboard DIR/<mode>` and `dora plot DIR/*` (dora/sim/sim_run_files.py).
 Exit codes: 0 ok, 1 simulation failed, 2 bad arguments or input files.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -58,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace-out", default=None, metavar="FILE",
                    help="Chrome/Perfetto trace (one file per mode: FILE with .<mode> before the extension)")
     p.add_argument("--per-step", action="store_true", help="include per-step metrics in the JSON")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="write a run folder per mode, DIR/<mode>, that `dora dashboard` and `dora plot` read")
     return p
 
 
@@ -133,17 +138,27 @@ def simulate_main(argv: list[str] | None = None) -> int:
         return 2
     rows: list[dict[str, Any]] = []
     for c in configs:
-        trace = TraceWriter(enabled=bool(a.trace_out))
+        trace = TraceWriter(enabled=bool(a.trace_out or a.out))
+        parts: list = []
         try:
-            r = simulate(c, trace)
+            r = simulate(c, trace, observer=lambda *p: parts.extend(p))
         except SimulationError as e:
             print(f"dora simulate: {c.mode} failed: {e}", file=sys.stderr)
             return 1
+        try:
+            if a.out:
+                from .sim_run_files import write_sim_run
+                write_sim_run(os.path.join(a.out, c.mode), c, r, trace, *parts)
+            if a.trace_out:
+                path = _trace_path(a.trace_out, c.mode, len(configs) > 1)
+                os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+                trace.write(path)
+        except OSError as e:
+            print(f"dora simulate: error: cannot write {e.filename}: {e.strerror}", file=sys.stderr)
+            return 2
         if not a.per_step:
             r.pop("per_step", None)
         rows.append(r)
-        if a.trace_out:
-            trace.write(_trace_path(a.trace_out, c.mode, len(configs) > 1))
     best = ideal(configs[0])
     sync = next((r for r in rows if r["mode"] == "sync"), None)
     for r in rows:
@@ -160,6 +175,7 @@ def simulate_main(argv: list[str] | None = None) -> int:
                        f"K={a.max_staleness}, {a.steps} steps, {configs[0].workload if not a.trace else a.trace}")
     if a.json:
         try:
+            os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
             with open(a.json, "w") as f:
                 json.dump(rows, f, indent=1)
         except OSError as e:

@@ -16,7 +16,7 @@ from typing import Any
 
 from dora.runtime.rollout import RolloutConfig, RolloutController, TraceWriter
 
-from .clock import VirtualClock
+from .virtual_clock import VirtualClock
 from .costmodel import MODELS, CostModel
 from .elastic_devices import ElasticDevices
 from .sim_instance import SimInstance

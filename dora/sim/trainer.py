@@ -8,7 +8,7 @@ from typing import Callable
 from dora.runtime.rollout.rollout_controller import RolloutController
 from dora.runtime.rollout.trace import TraceWriter
 
-from .clock import VirtualClock
+from .virtual_clock import VirtualClock
 from .costmodel import CostModel
 
 

@@ -11,6 +11,7 @@ import os
 
 from dora.graph.model import Graph
 from dora.graph.viz.dot import to_dot
+from dora.graph.viz.figure import figure
 from dora.graph.viz.html import to_html
 from dora.graph.viz.mermaid import to_mermaid
 from dora.graph.viz.svg import svg_graphviz, svg_python
@@ -55,9 +56,10 @@ def write(g: Graph, path: str, fmt: str | None = None, engine: str = "auto") -> 
     """Write a drawing; the format comes from the extension unless given. Returns the format."""
     fmt = fmt or format_of(path)
     text = render(g, fmt, engine)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
     return fmt
 
 
-__all__ = ["FORMATS", "format_of", "render", "to_dot", "to_html", "to_mermaid", "to_svg", "write"]
+__all__ = ["FORMATS", "figure", "format_of", "render", "to_dot", "to_html", "to_mermaid", "to_svg", "write"]

@@ -96,7 +96,7 @@ def to_html(g: Graph) -> str:
     view = build_view(g)
     svg = svg_python(g, view, layered_layout(view))
     data = json.dumps(_data(view), default=str).replace("</", "<\\/")
-    desc = g.extra.get("description")
+    desc = g.description
     pools = "".join(
         f'<span><i class="swatch" style="background:{p.fill};border-color:{p.stroke}"></i>{escape(p.title)}</span>'
         for p in view.pools.values())

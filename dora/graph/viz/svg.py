@@ -41,6 +41,41 @@ def _under_path(x1: float, y1: float, x2: float, y2: float, low: float, r: float
             f"L{x2 - s * r:.1f},{low:.1f} Q{x2:.1f},{low:.1f} {x2:.1f},{low - r:.1f} L{x2:.1f},{y2:.1f}")
 
 
+def data_edge_paths(view: View, lay: Layout) -> list[tuple[str, float, float, tuple[float, float]]]:
+    """Per data edge (in view order): (SVG path, x and y of its caption's first line, the point
+    just below the line's middle where a live figure may write on it)."""
+    out = []
+    low_i = len(view.weights)
+    for e in view.edges:
+        a, b = lay.boxes[e.src], lay.boxes[e.dst]
+        if lay.ranks[e.dst] > lay.ranks[e.src]:
+            x1, y1, x2, y2 = a.right + (6 if view.nodes[e.src].replicas > 1 else 0), a.cy, b.x - 1, b.cy
+            dx = (x2 - x1) / 2
+            d = f"M{x1:.1f},{y1:.1f} C{x1 + dx:.1f},{y1:.1f} {x2 - dx:.1f},{y2:.1f} {x2:.1f},{y2:.1f}"
+            # label at the curve's point for t (nearer the target when the edge bends, so the
+            # labels of a fan-out separate), lifted above the line
+            t = 0.5 if abs(y2 - y1) < 1 else 0.68
+            lx = (1 - t) ** 3 * x1 + 3 * (1 - t) ** 2 * t * (x1 + dx) + 3 * (1 - t) * t * t * (x2 - dx) + t ** 3 * x2
+            ly = ((1 - t) ** 3 + 3 * (1 - t) ** 2 * t) * y1 + (3 * (1 - t) * t * t + t ** 3) * y2 - 6
+            below = ((x1 + x2) / 2, (y1 + y2) / 2 + 14)
+        else:   # a data edge going backwards: only in an invalid (cyclic) graph; route it underneath
+            low = lay.weights_y[low_i]
+            low_i += 1
+            d = _under_path(a.cx + 8, a.bottom, b.cx + 8, b.bottom + 2, low)
+            lx, ly = (a.cx + b.cx) / 2, low - 6
+            below = (lx, low + 13)
+        out.append((d, lx, ly, below))
+    return out
+
+
+def weights_edge_path(view: View, lay: Layout, i: int) -> str:
+    """The i-th weights edge: down from the trainer, across underneath, up into the generator."""
+    s, t = view.weights[i]
+    a, b = lay.boxes[s], lay.boxes[t]
+    return _under_path(a.cx, a.bottom + (6 if view.nodes[s].replicas > 1 else 0),
+                       b.cx, b.bottom + (6 if view.nodes[t].replicas > 1 else 1), lay.weights_y[i])
+
+
 def svg_python(g: Graph, view: View | None = None, layout: Layout | None = None) -> str:
     """The pipeline as a standalone SVG, laid out in pure Python."""
     view = view or build_view(g)
@@ -67,26 +102,10 @@ def svg_python(g: Graph, view: View | None = None, layout: Layout | None = None)
                 f'<text x="{box.x + 9:.1f}" y="{box.y + 14:.1f}" font-size="10.5" font-weight="600" fill="{pv.stroke}">{_a(pv.title)}</text></g>'
             )
     # data edges
-    low_i = len(view.weights)
-    for e in view.edges:
-        a, b = lay.boxes[e.src], lay.boxes[e.dst]
+    for e, (d, lx, ly, _) in zip(view.edges, data_edge_paths(view, lay)):
         cap = edge_caption(e)
         tip = f"{e.label}\ncolumns: {', '.join(e.columns)}"
-        if lay.ranks[e.dst] > lay.ranks[e.src]:
-            x1, y1, x2, y2 = a.right + (6 if view.nodes[e.src].replicas > 1 else 0), a.cy, b.x - 1, b.cy
-            dx = (x2 - x1) / 2
-            d = f"M{x1:.1f},{y1:.1f} C{x1 + dx:.1f},{y1:.1f} {x2 - dx:.1f},{y2:.1f} {x2:.1f},{y2:.1f}"
-            # label at the curve's point for t (nearer the target when the edge bends, so the
-            # labels of a fan-out separate), lifted above the line
-            t = 0.5 if abs(y2 - y1) < 1 else 0.68
-            lx = (1 - t) ** 3 * x1 + 3 * (1 - t) ** 2 * t * (x1 + dx) + 3 * (1 - t) * t * t * (x2 - dx) + t ** 3 * x2
-            ly = ((1 - t) ** 3 + 3 * (1 - t) ** 2 * t) * y1 + (3 * (1 - t) * t * t + t ** 3) * y2
-            ly -= 6 + (len(cap) - 1) * LINE_H
-        else:   # a data edge going backwards: only in an invalid (cyclic) graph; route it underneath
-            low = lay.weights_y[low_i]
-            low_i += 1
-            d = _under_path(a.cx + 8, a.bottom, b.cx + 8, b.bottom + 2, low)
-            lx, ly = (a.cx + b.cx) / 2, low - 6 - (len(cap) - 1) * LINE_H
+        ly -= (len(cap) - 1) * LINE_H
         out.append(f'<g class="edge" data-src="{_a(e.src)}" data-dst="{_a(e.dst)}" data-port="{_a(e.dst_port)}"><title>{_a(tip)}</title>'
                    f'<path d="{d}" fill="none" stroke="{EDGE_COLOR}" stroke-width="1.4" marker-end="url(#arrow)"/>')
         for i, line in enumerate(cap):
@@ -98,7 +117,7 @@ def svg_python(g: Graph, view: View | None = None, layout: Layout | None = None)
     for i, (s, t) in enumerate(view.weights):
         a, b = lay.boxes[s], lay.boxes[t]
         low = lay.weights_y[i]
-        d = _under_path(a.cx, a.bottom + (6 if view.nodes[s].replicas > 1 else 0), b.cx, b.bottom + (6 if view.nodes[t].replicas > 1 else 1), low)
+        d = weights_edge_path(view, lay, i)
         out.append(f'<g class="weights" data-src="{_a(s)}" data-dst="{_a(t)}"><title>{_a(f"weights {s} -> {t}: new policy versions")}</title>'
                    f'<path d="{d}" fill="none" stroke="{WEIGHTS_COLOR}" stroke-width="1.6" stroke-dasharray="6 4" marker-end="url(#arrow-w)"/>'
                    f'<text x="{(a.cx + b.cx) / 2:.1f}" y="{low - 5:.1f}" font-size="10.5" text-anchor="middle" font-style="italic" '

@@ -15,7 +15,7 @@ import dataclasses
 import torch
 from transformers import DynamicCache
 
-from .base import Completion, Engine, EngineStats, SamplingRequest, SequenceState
+from .engine import Completion, Engine, EngineStats, SamplingRequest, SequenceState
 from .kv import BatchKV
 from .sampling import sample
 
@@ -235,6 +235,12 @@ class TorchEngine(Engine):
                                f"{len(self.waiting)} queued requests; switch only when idle or after interrupt_all()")
         load_state_dict_into(self.model, weights)
         self.version = int(version)
+
+    def sampling_state(self) -> bytes:
+        return self.generator.get_state().numpy().tobytes()
+
+    def set_sampling_state(self, state: bytes) -> None:
+        self.generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
 
     def stats(self) -> EngineStats:
         used = int(self.batch.mask.sum()) if self.batch is not None and self.running else 0

@@ -31,7 +31,8 @@ import msgpack
 import torch
 import zmq
 
-from .base import Completion, Engine, EngineStats, SamplingRequest, SequenceState
+from .engine import Completion, Engine, EngineStats, SamplingRequest, SequenceState
+from dora.ops.parent_death import die_with_parent
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_worker.py")
 
@@ -81,7 +82,8 @@ class VllmEngine(Engine):
                "VLLM_CPU_KVCACHE_SPACE": str(os.environ.get("VLLM_CPU_KVCACHE_SPACE", kv_space_gib))}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([vllm_python(), WORKER, f"tcp://127.0.0.1:{port}"], env=env,
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         preexec_fn=die_with_parent)   # no vLLM outlives its worker
         try:
             reply = self._call({"op": "init", "model_dir": os.path.abspath(model_dir), "max_batch": self.max_batch,
                                 "max_model_len": self.max_model_len, "seed": self.seed, "dtype": dtype},

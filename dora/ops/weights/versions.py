@@ -37,7 +37,7 @@ SHM = "/dev/shm"
 _VERSION_FILE = re.compile(r"^v(\d+)\.safetensors$")
 
 
-def _shm_dir(run_dir: str) -> str:
+def shm_dir(run_dir: str) -> str:
     absolute = os.path.abspath(run_dir)
     digest = hashlib.sha1(absolute.encode()).hexdigest()[:8]
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.basename(absolute.rstrip("/")) or "run")
@@ -53,7 +53,7 @@ def weights_dir(run_dir: str, nbytes: int = 0) -> str:
     if os.path.isdir(SHM) and os.access(SHM, os.W_OK):
         try:
             if shutil.disk_usage(SHM).free > 2 * nbytes:
-                return _shm_dir(run_dir)
+                return shm_dir(run_dir)
         except OSError:
             pass
     return _disk_dir(run_dir)
@@ -123,7 +123,7 @@ def load_version(model: torch.nn.Module, path: str) -> None:
 def list_versions(run_dir: str) -> list[tuple[int, str]]:
     """(version, path) of every stored version of this run, oldest first (both locations)."""
     found = []
-    for directory in {_shm_dir(run_dir), _disk_dir(run_dir)}:
+    for directory in {shm_dir(run_dir), _disk_dir(run_dir)}:
         if os.path.isdir(directory):
             for f in os.listdir(directory):
                 m = _VERSION_FILE.match(f)
@@ -146,4 +146,4 @@ def prune_versions(run_dir: str, keep: int) -> list[str]:
 
 def cleanup(run_dir: str) -> None:
     """Remove this run's /dev/shm folder (call once the run has ended)."""
-    shutil.rmtree(_shm_dir(run_dir), ignore_errors=True)
+    shutil.rmtree(shm_dir(run_dir), ignore_errors=True)

@@ -4,6 +4,7 @@ A backend implements:
     host: str                          address workers bind and the controller listens on
     start(launches: list[Launch])      start one worker per Launch (non-blocking)
     exited() -> list[(label, why)]     workers whose process/actor ended since the last call
+    kill(label)                        end one worker now (before it is respawned)
     shutdown(timeout_s)                make sure every worker is gone (kill what is left)
 """
 
@@ -22,6 +23,7 @@ class Launch:
     kind: str                 # cpu | gpu
     slot: int
     log_path: str | None = None
+    keys: dict[str, str] | None = None   # the run's CURVE keys when its sockets are secured (security.py)
 
     @property
     def label(self) -> str:

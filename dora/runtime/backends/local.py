@@ -10,6 +10,7 @@ faster than tcp loopback (benchmarks/channel.py --transport; docs/benchmarks.md)
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ import tempfile
 import time
 
 from dora.runtime.backends import Launch
+from dora.runtime.run_files import write_owner
 
 
 def describe_exit(rc: int) -> str:
@@ -49,7 +51,9 @@ def ipc_folder() -> str:
     base = tempfile.gettempdir()
     if len(base) > 60 and os.path.isdir("/tmp"):
         base = "/tmp"
-    return tempfile.mkdtemp(prefix="dora-ipc-", dir=base)   # mkdtemp: mode 0700
+    folder = tempfile.mkdtemp(prefix="dora-ipc-", dir=base)   # mkdtemp: exclusive, mode 0700
+    write_owner(folder)   # so a later run can remove it if this one is kill -9ed
+    return folder
 
 
 class LocalBackend:
@@ -67,7 +71,10 @@ class LocalBackend:
         if self.transport == "ipc" and self.ipc_dir is None:
             self.ipc_dir = ipc_folder()
         for ln in launches:
+            self._reported.discard(ln.label)   # (a respawn starts a replica again under its label)
             env = {**os.environ, **ln.env, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+            if ln.keys:
+                env["DORA_RUN_KEYS"] = json.dumps(ln.keys)   # readable by this user only (/proc/PID/environ)
             out = open(ln.log_path, "ab") if ln.log_path else subprocess.DEVNULL
             cmd = [sys.executable, "-m", "dora.runtime.worker", "--control", ln.control, "--node", ln.node,
                    "--replica", str(ln.replica), "--host", self.host] + (["--ipc-dir", self.ipc_dir] if self.ipc_dir else [])
@@ -86,6 +93,17 @@ class LocalBackend:
             return ""
         with open(path, "rb") as f:
             return b"\n".join(f.read().splitlines()[-n:]).decode(errors="replace")
+
+    def kill(self, label: str) -> None:
+        """End one replica's process now (a respawn replaces a hung or failed one)."""
+        p = self.procs.get(label)
+        if p is not None and p.poll() is None:
+            p.kill()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self._reported.add(label)   # its exit is known, not news
 
     def exited(self) -> list[tuple[str, str]]:
         out = []

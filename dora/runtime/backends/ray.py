@@ -27,11 +27,14 @@ def _actor_class():
 
     @ray.remote(max_restarts=0, max_concurrency=1)
     class WorkerActor:
-        def run(self, control: str, node: str, replica: int, host: str, env: dict[str, str]) -> int:
+        def run(self, control: str, node: str, replica: int, host: str, env: dict[str, str], keys=None) -> int:
             os.environ.update(env)
             if host == "auto":
                 host = ray.util.get_node_ip_address()
+            from dora.runtime import security
             from dora.runtime.worker import Worker
+
+            security.install(keys)   # the run's CURVE keys, passed with the actor's arguments
 
             return Worker(control, node, replica, host).run()
 
@@ -55,6 +58,7 @@ class RayBackend:
         multi = sum(1 for n in ray.nodes() if n.get("Alive")) > 1
         self.host = host or (ray.util.get_node_ip_address() if multi else "127.0.0.1")
         self.worker_host = "auto" if multi else "127.0.0.1"
+        self.multi_node = multi   # sockets leave the machine: the run secures them (security.py)
         self.actors: dict[str, Any] = {}
         self.refs: dict[Any, str] = {}
         self.groups: list[Any] = []
@@ -81,6 +85,7 @@ class RayBackend:
             self.groups.append(pg)
             per_slot = collections.Counter(ln.slot for ln in lns)
             for ln in lns:
+                self._reported.discard(ln.label)   # (a respawn starts a replica again under its label)
                 share = 1.0 / per_slot[ln.slot]
                 env = {k: v for k, v in ln.env.items() if not (gpu and k == "CUDA_VISIBLE_DEVICES")}  # Ray sets it for GPU actors
                 actor = Actor.options(
@@ -89,7 +94,17 @@ class RayBackend:
                     scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=ln.slot),
                 ).remote()
                 self.actors[ln.label] = actor
-                self.refs[actor.run.remote(ln.control, ln.node, ln.replica, self.worker_host, env)] = ln.label
+                self.refs[actor.run.remote(ln.control, ln.node, ln.replica, self.worker_host, env, ln.keys)] = ln.label
+
+    def kill(self, label: str) -> None:
+        """End one replica's actor now (a respawn replaces a hung or failed one)."""
+        actor = self.actors.get(label)
+        if actor is not None:
+            try:
+                self.ray.kill(actor, no_restart=True)
+            except Exception:
+                pass
+        self.refs = {ref: lb for ref, lb in self.refs.items() if lb != label}
 
     def exited(self) -> list[tuple[str, str]]:
         if not self.refs:

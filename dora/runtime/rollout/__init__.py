@@ -1,8 +1,8 @@
 """Rollout orchestration shared by the real runtime and the simulator (one control code, two clocks)."""
 
-from .config import RolloutConfig, RolloutConfigError
+from .config import MODES, RolloutConfig, RolloutConfigError
 from .ledger import Ledger, StepMetrics
-from .policies import MODES, POLICIES, RolloutPolicy
+from .policies import POLICIES, RolloutPolicy
 from .rollout_controller import RolloutController
 from .manager import RolloutManager
 from .orchestrator import Orchestrator, partition

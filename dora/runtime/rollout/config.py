@@ -1,8 +1,13 @@
-"""Rollout configuration: one dataclass for every mode; each mode (policies/) fills its defaults."""
+"""Rollout configuration: one dataclass for every mode. The mode rules (K and RBS each mode runs
+with) live in dora.graph.sections; each mode's behaviour is a policy in policies/."""
 
 from __future__ import annotations
 
 import dataclasses
+
+from dora.graph.sections import MODES, ModeError, resolve_mode
+
+__all__ = ["MODES", "RolloutConfig", "RolloutConfigError"]
 
 
 class RolloutConfigError(ValueError):
@@ -26,18 +31,9 @@ class RolloutConfig:
     def resolved(self) -> "RolloutConfig":
         """Validate and fill mode-dependent defaults; returns a new config."""
         c = dataclasses.replace(self)
-        from .policies import MODES, POLICIES     # the policies import this module
-        if c.mode not in MODES:
-            raise RolloutConfigError(f"unknown rollout mode {c.mode!r}; expected one of {', '.join(MODES)}")
-        if c.group_size < 1:
-            raise RolloutConfigError(f"group_size must be >= 1, got {c.group_size}")
-        if c.train_batch < c.group_size or c.train_batch % c.group_size:
-            raise RolloutConfigError(
-                f"train_batch ({c.train_batch}) must be a positive multiple of group_size ({c.group_size}): "
-                "a step trains whole groups (C2)")
-        POLICIES[c.mode].resolve(c)
-        if c.rollout_batch < c.train_batch or c.rollout_batch % c.group_size:
-            raise RolloutConfigError(
-                f"rollout_batch ({c.rollout_batch}) must be a multiple of group_size ({c.group_size}) "
-                f"and >= train_batch ({c.train_batch})")
+        try:   # the mode rules live in dora.graph.sections, so `dora validate` checks the same ones
+            c.max_staleness, c.rollout_batch = resolve_mode(c.mode, c.max_staleness, c.rollout_batch,
+                                                            c.train_batch, c.group_size)
+        except ModeError as e:
+            raise RolloutConfigError(str(e)) from None
         return c

@@ -82,6 +82,15 @@ class Ledger:
         for r in grp:
             self.group_of[r.uid] = gid
 
+    def restored(self, gid: str, version: int, uids: list[str]) -> None:
+        """A group finished before a resume, put back untrained: dispatched (once, in this run's
+        books), never in flight, so no dispatch time."""
+        self.queue.on_dispatched(gid, version, len(uids))
+        self.dispatched += len(uids)
+        self.members[gid] = list(uids)
+        for u in uids:
+            self.group_of[u] = gid
+
     def finished(self, group_id: str, now: float) -> str | None:
         """A member of `group_id` finished: measure its dispatch -> finish time. Returns the drop
         reason if its group was dropped (the member is then discarded and counted here)."""

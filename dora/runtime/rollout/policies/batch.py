@@ -3,16 +3,10 @@ flight, with the newest weights; instances that are idle when weights are publis
 
 from __future__ import annotations
 
-from .base import RolloutPolicy
+from .rollout_policy import RolloutPolicy
 
 
 class BatchPolicy(RolloutPolicy):
-    forced_staleness = 0            # K is not a choice: the barrier fixes how old a batch can be
-
-    @classmethod
-    def resolve(cls, cfg) -> None:
-        cfg.max_staleness, cfg.rollout_batch = cls.forced_staleness, cfg.train_batch
-
     def dispatch(self) -> None:
         self.c.dispatch.whole_batch()
 

@@ -14,11 +14,11 @@ from ..deadlines import Deadlines
 from ..orchestrator import Orchestrator
 from ..speed import SpeedModel
 from ..triggers import Triggers
-from .base import RolloutPolicy
+from .rollout_policy import RolloutPolicy
 
 
 class DoraPolicy(RolloutPolicy):
-    name, order = "dora", 3
+    name = "dora"
 
     def __init__(self, controller):
         super().__init__(controller)

@@ -4,5 +4,4 @@ from .batch import BatchPolicy
 
 
 class OneStepOffPolicy(BatchPolicy):
-    name, order = "one_step_off", 1
-    forced_staleness = 1
+    name = "one_step_off"

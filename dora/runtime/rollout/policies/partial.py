@@ -5,11 +5,11 @@ versions each resumed request has seen are recorded and the violations counted."
 
 from __future__ import annotations
 
-from .base import RolloutPolicy
+from .rollout_policy import RolloutPolicy
 
 
 class PartialPolicy(RolloutPolicy):
-    name, order = "partial", 2
+    name = "partial"
 
     def __init__(self, controller):
         super().__init__(controller)

@@ -4,5 +4,4 @@ from .batch import BatchPolicy
 
 
 class SyncPolicy(BatchPolicy):
-    name, order = "sync", 0
-    forced_staleness = 0
+    name = "sync"

@@ -132,6 +132,14 @@ class Engine(abc.ABC):
         s = self.stats()
         return s.active + s.queued > 0
 
+    def sampling_state(self) -> bytes | None:
+        """The sampler's RNG state (a resumed run restores it, so it samples what the run would have);
+        None for an engine that cannot give one."""
+        return None
+
+    def set_sampling_state(self, state: bytes) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot restore a sampling state")
+
     def close(self) -> None:
         pass
 

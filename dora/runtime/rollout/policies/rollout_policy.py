@@ -1,7 +1,7 @@
 """RolloutPolicy: what one async mode does at each event the RolloutController receives.
 
 The controller owns the parts (manager, transfer queue, ledger, dispatcher) and the event
-order; a policy only decides: its config defaults (`resolve`), how prompts are dispatched, and
+order; a policy only decides how prompts are dispatched, and
 what happens when an instance frees up, a step ends, weights are published and time passes.
 The default is a streaming mode on the newest version that does nothing else.
 """
@@ -18,23 +18,12 @@ POLICIES: dict[str, type["RolloutPolicy"]] = {}
 
 
 class RolloutPolicy:
-    name: ClassVar[str] = ""        # the async.mode value; subclasses without one are not modes
-    order: ClassVar[int] = 99       # position among the modes in tables (baselines first)
+    name: ClassVar[str] = ""        # the async.mode value (declared in dora.graph.sections); subclasses without one are not modes
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
         if cls.name:
             POLICIES[cls.name] = cls
-
-    @classmethod
-    def resolve(cls, cfg: "RolloutConfig") -> None:
-        """Fill this mode's defaults into `cfg` (a copy) and reject what it cannot run.
-        Streaming default: K >= 1 and RBS = 1.5 x TBS."""
-        from ..config import RolloutConfigError
-        if cfg.max_staleness < 1:
-            raise RolloutConfigError(f"max_staleness must be >= 1 in mode {cfg.mode}, got {cfg.max_staleness}")
-        if cfg.rollout_batch == 0:
-            cfg.rollout_batch = cfg.train_batch + cfg.train_batch // 2
 
     def __init__(self, controller: "RolloutController"):
         self.c = controller

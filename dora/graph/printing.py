@@ -1,0 +1,50 @@
+"""`print(graph)`: a graph in a few aligned lines, as torch.fx prints its graphs.
+
+One line per pool, one per node (name = op(inputs), replicas, pool; non-default edge options in
+brackets), one per weights edge, then the async and run sections. Text only: the YAML stays the
+round-trip format (dora.graph.yaml_io).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dora.graph.model import Edge, Graph
+from dora.graph.sections import section_specs
+
+
+def _edge(port: str, e: Edge) -> str:
+    default = Edge("", "", "", "")
+    opts = [f"{k}={getattr(e, k)}" for k in ("group_by", "routing", "capacity", "capacity_bytes")
+            if getattr(e, k) != getattr(default, k)]
+    src = e.src if e.src_port == "out" else f"{e.src}/{e.src_port}"
+    return f"{port}={src}" + (f" [{', '.join(opts)}]" if opts else "")
+
+
+def _table(rows: list[tuple[str, ...]], indent: str = "  ") -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths))).rstrip() for r in rows]
+
+
+def _section(obj: Any, keys: tuple[str, ...]) -> str:
+    return ", ".join(f"{k}={getattr(obj, k)}" for k in keys)
+
+
+def format_graph(g: Graph) -> str:
+    lines = [f"graph {g.name}:"]
+    if g.pools:
+        lines.append(" pools:")
+        lines += _table([(name, f"{p.device} x {p.count}") for name, p in g.pools.items()])
+    if g.nodes:
+        lines.append(" nodes:")
+        rows = []
+        for name, n in g.nodes.items():
+            ins = ", ".join(_edge(port, e) for port, e in n.inputs.items())
+            rows.append((f"%{name}", "=", f"{n.op}({ins})", f"x{n.replicas}", f"pool {n.pool or '-'}"))
+        lines += _table(rows)
+    if g.weights:
+        lines.append(" weights:")
+        lines += _table([(f"%{w.src}", "->", f"%{w.dst}") for w in g.weights])
+    lines.append(f" async: {_section(g.async_, tuple(section_specs(type(g.async_))))}")
+    lines.append(f" run: {_section(g.run, tuple(section_specs(type(g.run))))}")
+    return "\n".join(lines)

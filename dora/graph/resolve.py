@@ -1,0 +1,149 @@
+"""Resolution: a valid Graph -> the settings a run uses, computed once.
+
+`settings_problems(graph, specs)` is the half of `dora validate` that checks settings as a run
+will use them (sections, the mode's rules, group arithmetic, the model section, rules across
+nodes); `resolve(graph)` computes what the run hands out: every node's params filled and
+derived, AsyncSettings, RunConfig. `dora run` calls `resolve` on a graph that validated, so
+whatever validation accepts, resolution accepts: the two share this code.
+
+Derived params (the one place they are derived):
+- `temperature: null` on update / reference takes the generate node's sampling temperature (a
+  greedy 0 counts as 1, the temperature its logprobs are reported at), so importance ratios
+  compare like with like;
+- `broadcast_to: 0` on an update with `weight_sync: broadcast` becomes the generate replica count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from dora.graph.diagnostics import Diagnostic, GraphError, error, errors_of
+from dora.graph.loggers import validate_loggers
+from dora.graph.model import Graph, RunConfig
+from dora.graph.opspec import OpSpec, fill_params, import_object, param_problems
+from dora.graph.sections import AsyncSettings, ModeError, resolve_async, section_specs
+
+
+@dataclasses.dataclass
+class Resolved:
+    """What a run of a valid graph uses."""
+
+    graph: Graph
+    specs: dict[str, OpSpec]
+    params: dict[str, dict[str, Any]]    # node -> every declared param, checked, typed, derived
+    async_: AsyncSettings
+    run: RunConfig
+
+    def op_of(self, node: str) -> str:
+        return self.specs[node].name
+
+
+def _nodes_with(specs: dict[str, OpSpec | None], op: str) -> list[str]:
+    return [n for n, s in specs.items() if s is not None and s.name == op]
+
+
+def group_size_of(graph: Graph, specs: dict[str, OpSpec | None], params: dict[str, dict[str, Any]]) -> int | None:
+    """The dataset nodes' group size (None without a dataset node)."""
+    sizes = {params[n]["group_size"] for n in _nodes_with(specs, "dataset") if n in params}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def settings_problems(g: Graph, specs: dict[str, OpSpec | None]) -> list[Diagnostic]:
+    """Every problem with the settings as a run would use them (nodes whose params are bad are
+    reported by the param checks and left out here)."""
+    diags: list[Diagnostic] = []
+    for section, cfg in (("async", g.async_), ("run", g.run)):
+        for key, ps in section_specs(type(cfg)).items():
+            _, err = ps.check(getattr(cfg, key))
+            if err:
+                diags.append(error(f"{section}.{key} {err}", g.loc_of(f"{section}.{key}"), hint=ps.doc))
+    if g.async_.elastic is True:
+        diags.append(error("async.elastic: lending trainer devices to rollout is simulated only for now "
+                           "(dora simulate --elastic); dora run cannot do it yet", g.loc_of("async.elastic"),
+                           hint="remove async.elastic, or compare with: dora simulate --elastic"))
+    params = {n: fill_params(s, g.nodes[n].params, checked=True) for n, s in specs.items()
+              if s is not None and isinstance(g.nodes[n].params, dict) and not param_problems(s, g.nodes[n].params)}
+    datasets = [n for n in _nodes_with(specs, "dataset") if n in params]
+    sizes = {n: params[n]["group_size"] for n in datasets}
+    if len(set(sizes.values())) > 1:
+        diags.append(error(f"dataset nodes disagree on group_size ({', '.join(f'{n}: {v}' for n, v in sizes.items())}): "
+                           "a run has one group size", g.loc_of(f"nodes.{datasets[1]}.params.group_size")))
+    elif not errors_of(diags):
+        try:
+            resolve_async(g.async_, next(iter(sizes.values()), None))
+        except ModeError as e:
+            where = (f"nodes.{datasets[0]}.params.group_size" if e.key == "group_size" and datasets
+                     else f"async.{e.key}" if e.key != "group_size" else "async")
+            diags.append(error(f"async: {e}", g.loc_of(where)))
+    diags += validate_loggers(g)
+    diags += _model_problems(g)
+    diags += _broadcast_problems(g, specs, params)
+    return diags
+
+
+def _model_problems(g: Graph) -> list[Diagnostic]:
+    if not isinstance(g.model, dict):
+        return [error(f"'model' must be a mapping, got {type(g.model).__name__}", g.loc_of("model"))]
+    check = import_object("dora.ops.models:model_problems")
+    return [error(msg if msg.startswith("model") else f"model: {msg}", g.loc_of(f"model.{key}" if key else "model"))
+            for key, msg in check(g.model)]
+
+
+def _broadcast_problems(g: Graph, specs: dict[str, OpSpec | None], params: dict[str, dict[str, Any]]) -> list[Diagnostic]:
+    """A broadcast has two ends: the trainer sends to every generate replica its weights edge feeds."""
+    diags = []
+    for w in g.weights:
+        if w.src not in params or w.dst not in params or "weight_sync" not in params[w.src]:
+            continue
+        up, gen = params[w.src], params[w.dst]
+        if up["weight_sync"] != gen.get("weight_sync", "file"):
+            diags.append(error(
+                f"weight_sync differs across the weights edge {w.src} -> {w.dst}: {up['weight_sync']!r} on the "
+                f"trainer, {gen.get('weight_sync')!r} on the generate node; both ends must use the same",
+                g.loc_of(f"nodes.{w.src}.params.weight_sync"), node=w.src))
+        elif up["weight_sync"] == "broadcast" and up["broadcast_to"] not in (0, g.nodes[w.dst].replicas):
+            diags.append(error(
+                f"broadcast_to {up['broadcast_to']} but {w.dst!r} has {g.nodes[w.dst].replicas} replicas",
+                g.loc_of(f"nodes.{w.src}.params.broadcast_to"), node=w.src, hint="leave it at 0 (= the replica count)"))
+    return diags
+
+
+def resolve(g: Graph) -> Resolved:
+    """The settings a run of `g` uses; GraphError if `g` is not valid (run `validate` first for
+    every diagnostic with its location)."""
+    from dora.graph.validate import validate
+
+    diags = validate(g)
+    if errors_of(diags):
+        raise GraphError(diags)
+    specs: dict[str, OpSpec] = {n: s for n, s in _specs(g).items()}
+    params = {n: fill_params(specs[n], node.params, checked=True) for n, node in g.nodes.items()}
+    _derive_temperature(specs, params)
+    _derive_broadcast_world(g, specs, params)
+    async_ = resolve_async(g.async_, group_size_of(g, specs, params))
+    return Resolved(g, specs, params, async_, dataclasses.replace(g.run))
+
+
+def _specs(g: Graph) -> dict[str, OpSpec]:
+    from dora.graph.schema import resolve_all
+
+    specs, _ = resolve_all(g)
+    return {n: s for n, s in specs.items() if s is not None}
+
+
+def _derive_temperature(specs: dict[str, OpSpec], params: dict[str, dict[str, Any]]) -> None:
+    gens = {params[n]["temperature"] for n in _nodes_with(specs, "generate")}
+    t = gens.pop() if len(gens) == 1 else 1.0
+    t = t if t > 0 else 1.0   # greedy decoding reports logprobs at T = 1
+    for n, p in params.items():
+        if specs[n].name != "generate" and "temperature" in specs[n].params and p["temperature"] is None:
+            p["temperature"] = t
+
+
+def _derive_broadcast_world(g: Graph, specs: dict[str, OpSpec], params: dict[str, dict[str, Any]]) -> None:
+    for w in g.weights:
+        p = params[w.src]
+        if p.get("weight_sync") == "broadcast" and p["broadcast_to"] == 0:
+            p["broadcast_to"] = g.nodes[w.dst].replicas
+

@@ -1,0 +1,115 @@
+"""Where step records go besides metrics.jsonl: TensorBoard and Weights & Biases (offline).
+
+`run.loggers` names them (checked, with their packages, by dora/graph/loggers.py). Each sink
+gets every numeric value of every step record under its metrics.jsonl key, at the record's
+`step`:
+
+    tensorboard   event files under RUN_DIR/tb        (torch.utils.tensorboard; needs `tensorboard`)
+    wandb         an offline run under RUN_DIR/wandb   (`wandb sync RUN_DIR/wandb/offline-run-*` uploads it)
+
+A sink that fails mid-run is reported once and closed; metrics.jsonl still has every record.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from typing import Any
+
+
+def scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The record's finite numbers (bools, strings, lists and nulls are not curves)."""
+    out = {}
+    for k, v in record.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out[k] = float(v) if isinstance(v, float) else v
+    return out
+
+
+class TensorBoardSink:
+    name = "tensorboard"
+
+    def __init__(self, run_dir: str, run_name: str, config: dict[str, Any]):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=os.path.join(run_dir, "tb"), flush_secs=5)
+        self.writer.add_text("run", f"{run_name}: " + ", ".join(f"{k}={v}" for k, v in config.items()), 0)
+
+    def write(self, record: dict[str, Any]) -> None:
+        step = int(record["step"])
+        for k, v in scalars(record).items():
+            if k != "step":
+                self.writer.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbSink:
+    name = "wandb"
+
+    def __init__(self, run_dir: str, run_name: str, config: dict[str, Any]):
+        import wandb
+
+        # offline: no account, no network; everything stays in RUN_DIR/wandb
+        settings = wandb.Settings(silent=True, console="off", x_disable_stats=True, save_code=False,
+                                  disable_git=True, x_disable_meta=True)
+        self.run = wandb.init(project=run_name, name=os.path.basename(os.path.abspath(run_dir)), dir=run_dir,
+                              mode="offline", config=config, settings=settings, reinit="create_new")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.run.log({k: v for k, v in scalars(record).items() if k != "step"}, step=int(record["step"]))
+
+    def close(self) -> None:
+        import wandb
+
+        self.run.finish()
+        wandb.teardown()   # stops W&B's service process now, not at interpreter exit
+
+
+SINKS = {"tensorboard": TensorBoardSink, "wandb": WandbSink}
+
+
+def open_sinks(names: list[str], run_dir: str, run_name: str, config: dict[str, Any]) -> list[Any]:
+    """The sinks for these logger names (jsonl is metrics.jsonl itself: no sink)."""
+    sinks = []
+    try:
+        for n in names:
+            if n in SINKS:
+                sinks.append(SINKS[n](run_dir, run_name, config))
+    except BaseException:
+        close_sinks(sinks)
+        raise
+    return sinks
+
+
+def open_for_run(graph: Any, run_dir: str, config: dict[str, Any]) -> list[Any] | None:
+    """The sinks a validated graph's `run.loggers` asks for, or None after saying why one could
+    not start."""
+    from dora.graph.loggers import loggers_of
+    try:
+        return open_sinks(loggers_of(graph), run_dir, graph.name, config)
+    except Exception as e:
+        print(f"dora run: a logger in run.loggers could not start: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
+
+
+def write_to(sinks: list[Any], record: dict[str, Any]) -> None:
+    """Write one record to every sink; a sink that raises is reported and dropped."""
+    for s in list(sinks):
+        try:
+            s.write(record)
+        except Exception as e:
+            print(f"dora run: logger {s.name} failed at step {record.get('step')} and was closed "
+                  f"(metrics.jsonl keeps every step): {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            sinks.remove(s)
+            close_sinks([s])
+
+
+def close_sinks(sinks: list[Any]) -> None:
+    for s in sinks:
+        try:
+            s.close()
+        except Exception as e:
+            print(f"dora run: closing logger {s.name}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)

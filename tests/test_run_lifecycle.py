@@ -1,0 +1,305 @@
+"""A run's life end to end, as a user's shell sees it: SIGTERM, a double SIGINT, kill -9, a run dir
+held by a live run, a run folder left by a dead one, bad numbers on the command line.
+
+`dora run` is a real subprocess here (signals go to it), on the quickstart cut to a size that
+keeps each run to seconds of work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dora.ops.weights.versions import shm_dir
+from dora.runtime import run_files
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICK = ["nodes.rollout.params.max_tokens=24", "nodes.rollout.params.max_batch=8", "async.train_batch=16",
+         "async.rollout_batch=16", "nodes.prompts.params.batch_prompts=4"]
+pytestmark = pytest.mark.chaos
+
+
+def start(out: Path, *extra: str, steps: int = 400) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-m", "dora.cli", "run", str(ROOT / "pipelines" / "quickstart.yaml"),
+                             *QUICK, f"nodes.train.params.steps={steps}", "--out", str(out), "--quiet", *extra],
+                            cwd=str(ROOT), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.append(int(entry))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for_steps(p: subprocess.Popen, out: Path, n: int = 1, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    metrics = out / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= n:
+            return
+        assert p.poll() is None, p.stdout.read()
+        time.sleep(0.5)
+    raise AssertionError(f"no {n} step(s) within {timeout} s")
+
+
+def wait_gone(pids: list[int], timeout: float = 20) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.2)
+    return [p for p in pids if alive(p)]
+
+
+def test_sigterm_checkpoints_summarises_cleans_up_and_exits_143(tmp_path):
+    out = tmp_path / "run"
+    p = start(out)
+    wait_for_steps(p, out, 2)
+    workers = children(p.pid)
+    ipc = [f for f in os.listdir("/tmp") if f.startswith("dora-ipc-")
+           and (run_files.owner_of(os.path.join("/tmp", f)) or {}).get("pid") == p.pid]
+    assert workers and os.path.isdir(shm_dir(str(out)))
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    rc = p.wait(timeout=60)
+    assert rc == 143, p.stdout.read()
+    assert time.monotonic() - t0 < 60
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ended"] == "preempted" and "SIGTERM" in summary["stop_reason"]
+    assert summary["accounting"]["lost"] == 0
+    steps = len((out / "metrics.jsonl").read_text().splitlines())
+    assert (out / "checkpoints" / f"step_{steps}").is_dir()          # the last step trained is checkpointed
+    assert json.loads((out / "trace.json").read_text())["traceEvents"]
+    assert not os.path.exists(shm_dir(str(out)))                       # shared memory removed
+    assert not any(os.path.exists(os.path.join("/tmp", f)) for f in ipc)   # socket folder removed
+    assert not wait_gone(workers)                                      # every child ended
+
+
+def test_second_sigint_stops_at_once_and_still_cleans_up(tmp_path):
+    out = tmp_path / "run"
+    p = start(out)
+    wait_for_steps(p, out, 1)
+    workers = children(p.pid)
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    rc = p.wait(timeout=30)
+    assert rc == 130, p.stdout.read()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ended"] == "preempted"
+    assert not os.path.exists(shm_dir(str(out)))
+    assert not wait_gone(workers)
+
+
+def test_kill_9_takes_the_workers_along_and_the_next_run_sweeps_what_it_left(tmp_path):
+    out = tmp_path / "run"
+    p = start(out)
+    wait_for_steps(p, out, 1)
+    workers = children(p.pid)
+    assert workers
+    p.kill()
+    p.wait(timeout=10)
+    assert not wait_gone(workers), "workers outlived a kill -9 of dora run"
+    left = shm_dir(str(out))
+    assert os.path.isdir(left) and run_files.owner_of(left)["pid"] == p.pid
+    assert left in run_files.sweep_stale() and not os.path.exists(left)
+
+
+def test_a_run_dir_held_by_a_live_run_is_refused_untouched(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("{\"step\": 1}\n")
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        folder = shm_dir(str(out))
+        os.mkdir(folder, 0o700)
+        with open(os.path.join(folder, run_files.OWNER), "w") as f:
+            json.dump({"pid": holder.pid, "run_dir": str(out)}, f)
+        p = start(out, steps=1)
+        text = p.communicate(timeout=120)[0]
+        assert p.returncode == 2 and "in use by a live run" in text, text
+        assert (out / "metrics.jsonl").read_text() == "{\"step\": 1}\n"   # nothing of the live run was touched
+    finally:
+        holder.kill()
+        holder.wait()
+        run_files.sweep_stale()
+
+
+@pytest.mark.parametrize("flag, value", [("--deadline", "-5"), ("--stall-timeout", "0"), ("--start-timeout", "nan"),
+                                         ("--seed", "-1"), ("--hb-timeout", "soon")])
+def test_bad_numbers_on_the_command_line_exit_2(flag, value, capsys):
+    from dora.runtime.launch import run_main
+
+    assert run_main([str(ROOT / "pipelines" / "quickstart.yaml"), flag, value, "--dry-run"]) == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_a_driver_error_is_a_named_failure_with_a_summary(tmp_path, monkeypatch):
+    from dora.runtime.launch import run_main
+    from dora.runtime.rl_driver import RLDriver
+
+    def broken(self, ev):
+        raise ZeroDivisionError("bookkeeping bug")
+
+    monkeypatch.setattr(RLDriver, "_on_train_step", broken)
+    out = tmp_path / "run"
+    rc = run_main([str(ROOT / "pipelines" / "quickstart.yaml"), *QUICK, "nodes.train.params.steps=2", "--out", str(out), "--quiet"])
+    assert rc == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ended"] == "failed" and "control code failed: ZeroDivisionError: bookkeeping bug" in summary["error"]
+    assert not os.path.exists(shm_dir(str(out)))
+
+
+def _rewards(out: Path) -> dict[int, float]:
+    """reward_mean by step, the last record of a step winning (a resumed run appends its own)."""
+    by_step = {}
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        by_step[rec["step"]] = rec["reward_mean"]
+    return by_step
+
+
+def _effective_ledger(out: Path) -> list[dict]:
+    """trained.jsonl with the steps a resumed run rolled back left out."""
+    lines: list[dict] = []
+    for raw in (out / "trained.jsonl").read_text().splitlines():
+        rec = json.loads(raw)
+        if "resumed_from_step" in rec:
+            lines = [x for x in lines if x["step"] <= rec["resumed_from_step"]]
+        else:
+            lines.append(rec)
+    return lines
+
+
+def test_sync_run_killed_and_resumed_equals_the_uninterrupted_run(tmp_path):
+    """Seeded sync mode, one generate replica: kill -9 after step 4 (the last checkpoint is step 3),
+    resume: the same reward at every step and the same final weights, to 1e-6; the ledger exact."""
+    from safetensors.torch import load_file
+
+    pinned = ["nodes.rollout.replicas=1", "run.save_every=3"]
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    p = start(whole, *pinned, steps=6)
+    assert p.wait(timeout=600) == 0, p.stdout.read()
+    p = start(broken, *pinned, steps=6)
+    wait_for_steps(p, broken, 4)
+    p.kill()
+    p.wait(timeout=10)
+    assert (broken / "checkpoints" / "step_3").is_dir()
+    r = subprocess.run([sys.executable, "-m", "dora.cli", "run", "--resume", str(broken), "--quiet"], cwd=str(ROOT),
+                       capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    assert r.returncode == 0, r.stdout + r.stderr
+    a, b = _rewards(whole), _rewards(broken)
+    assert sorted(a) == sorted(b) == list(range(1, 7))
+    for step in a:
+        assert abs(a[step] - b[step]) <= 1e-6, (step, a[step], b[step])
+    wa = load_file(str(whole / "checkpoints" / "step_6" / "model.safetensors"))
+    wb = load_file(str(broken / "checkpoints" / "step_6" / "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        assert float((wa[name] - wb[name]).abs().max()) <= 1e-6, name
+    ledger = _effective_ledger(broken)
+    uids = [u for rec in ledger for u in rec["uids"]]
+    assert [rec["step"] for rec in ledger] == list(range(1, 7)) and len(uids) == len(set(uids)) == 6 * 16
+    assert uids == [u for rec in _effective_ledger(whole) for u in rec["uids"]]
+    summary = json.loads((broken / "summary.json").read_text())
+    assert summary["ended"] == "finished" and summary["accounting"]["lost"] == 0
+    assert summary["accounting"]["trained_total"] == 6 * 16
+
+
+def _workers_of(pid: int, node: str) -> list[int]:
+    out = []
+    for child in children(pid):
+        try:
+            cmd = open(f"/proc/{child}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if b"--node" in cmd and cmd[cmd.index(b"--node") + 1] == node.encode():
+            out.append(child)
+    return out
+
+
+def _audit_exact(out: Path, steps: int, tbs: int, k: int) -> dict:
+    """Every step trained exactly TBS whole groups, no uid twice, none too stale; accounting closes."""
+    ledger = _effective_ledger(out)
+    assert [rec["step"] for rec in ledger] == list(range(1, steps + 1))
+    uids = [u for rec in ledger for u in rec["uids"]]
+    assert len(uids) == len(set(uids)) == steps * tbs
+    for rec in ledger:
+        assert len(rec["uids"]) == tbs
+        assert all(0 <= (rec["version"] - 1) - v <= k for v in rec["policy_versions"]), rec
+    summary = json.loads((out / "summary.json").read_text())
+    acc = summary["accounting"]
+    assert summary["ended"] == "finished" and acc["lost"] == 0 and summary["c2_violations"] == 0
+    assert acc["dispatched"] == (acc["trained"] + acc["finished_untrained"] + acc["in_flight_at_end"]
+                                 + acc["in_training_at_end"] + acc["dropped"]), acc
+    return summary
+
+
+DORA = ["async.mode=dora", "async.max_staleness=2", "async.rollout_batch=24"]
+
+
+def test_random_sigkills_of_generate_replicas_keep_the_ledger_exact(tmp_path):
+    """Seeded chaos: two generate replicas SIGKILLed at random moments of a dora-mode run. Each is
+    respawned, its requests reissued whole; the run completes and every uid is trained once."""
+    import random
+
+    rng = random.Random(7)
+    out = tmp_path / "run"
+    p = start(out, *DORA, steps=8)
+    killed = []
+    for target_step in sorted(rng.sample(range(1, 7), 2)):
+        wait_for_steps(p, out, target_step)
+        time.sleep(rng.uniform(0.0, 1.0))
+        victims = _workers_of(p.pid, "rollout")
+        if victims and p.poll() is None:
+            victim = rng.choice(victims)
+            os.kill(victim, signal.SIGKILL)
+            killed.append(victim)
+            deadline = time.monotonic() + 120   # the next kill waits for this respawn
+            while time.monotonic() < deadline and len(_workers_of(p.pid, "rollout")) < 2 and p.poll() is None:
+                time.sleep(0.2)
+    assert p.wait(timeout=600) == 0, p.stdout.read()
+    summary = _audit_exact(out, 8, 16, 2)
+    assert summary["accounting"]["respawns"] == len(killed) == 2
+    assert summary["accounting"]["reissued_requests"] == summary["accounting"]["dropped_by_reason"].get("replica_lost", 0) \
+        or summary["accounting"]["reissued_requests"] >= 0
+
+
+def test_controller_killed_at_a_random_step_then_resumed_keeps_the_ledger_exact(tmp_path):
+    import random
+
+    rng = random.Random(11)
+    out = tmp_path / "run"
+    p = start(out, *DORA, "run.save_every=2", steps=8)
+    wait_for_steps(p, out, rng.randint(3, 6))
+    p.kill()   # (on a busy machine the run may be further on by now: any step before the end will do)
+    p.wait(timeout=10)
+    r = subprocess.run([sys.executable, "-m", "dora.cli", "run", "--resume", str(out), "--quiet"], cwd=str(ROOT),
+                       capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = _audit_exact(out, 8, 16, 2)
+    assert summary["resumed_from_step"] >= 2 and summary["accounting"]["trained_total"] == 8 * 16
