@@ -31,7 +31,7 @@ examples:
 DISPATCH = {
     "run": ("dora.runtime.launch", "run_main"),
     "simulate": ("dora.sim.simulate_cli", "simulate_main"),
-    "dashboard": ("dora.runtime.dashboard.run_files", "dashboard_main"),
+    "dashboard": ("dora.runtime.dashboard.read_run", "dashboard_main"),
     "plot": ("dora.runtime.plot_runs", "plot_main"),
 }
 

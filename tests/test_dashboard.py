@@ -19,7 +19,7 @@ from dora.graph.viz import figure
 from dora.graph.viz.svg import svg_python
 from dora.graph.yaml_io import load_graph
 from dora.runtime.dashboard.page import page_html
-from dora.runtime.dashboard.run_files import load_state
+from dora.runtime.dashboard.read_run import load_state
 from dora.runtime.dashboard.server import DashboardServer
 from dora.runtime.dashboard.state import RATE_WINDOW_S, Rates, RunState
 from dora.runtime.dashboard.timeline import timeline_of_trace

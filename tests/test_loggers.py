@@ -27,7 +27,10 @@ def test_unknown_logger_is_named_with_a_suggestion():
     errs = _errors("run.loggers=[jsonl, tensorbord]")
     assert len(errs) == 1 and "unknown logger 'tensorbord'" in errs[0] and "did you mean 'tensorboard'" in errs[0], errs
     assert "<command line" in errs[0]                           # where it came from
-    assert _errors("run.loggers=wandb") and "list of logger names" in _errors("run.loggers=wandb")[0]
+    errs = _errors("run.loggers=wandb")
+    assert len(errs) == 1 and "run.loggers must be list" in errs[0], errs
+    errs = _errors("run.loggers=[jsonl, 3]")
+    assert len(errs) == 1 and "list of logger names" in errs[0], errs
     assert "more than once" in _errors("run.loggers=[jsonl, jsonl]")[0]
     assert _errors() == [] and _errors("run.loggers=[jsonl]") == []
 

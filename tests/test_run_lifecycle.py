@@ -137,7 +137,7 @@ def test_a_run_dir_held_by_a_live_run_is_refused_untouched(tmp_path):
         os.mkdir(folder, 0o700)
         with open(os.path.join(folder, run_files.OWNER), "w") as f:
             json.dump({"pid": holder.pid, "run_dir": str(out)}, f)
-        p = start(out, steps=1)
+        p = start(out, "--overwrite", steps=1)   # even --overwrite leaves a live run's folder alone
         text = p.communicate(timeout=120)[0]
         assert p.returncode == 2 and "in use by a live run" in text, text
         assert (out / "metrics.jsonl").read_text() == "{\"step\": 1}\n"   # nothing of the live run was touched

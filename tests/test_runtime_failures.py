@@ -76,7 +76,7 @@ class RespawnMap:
         return False
 
 
-@pytest.mark.parametrize("mode", ["sigkill", "raise", "hang"])
+@pytest.mark.parametrize("mode", ["sigkill", "hang"])
 def test_respawned_replica_takes_work_again_and_the_run_ends(tmp_path, mode):
     """The replica comes back at the same inbox, its neighbours' connections are reset, the run ends
     (no hang on credits or end-of-stream), and no row arrives twice. Rows the dead replica held are
@@ -101,7 +101,18 @@ def test_respawned_replica_takes_work_again_and_the_run_ends(tmp_path, mode):
 
 def test_respawn_budget_spent_fails_naming_the_replica(tmp_path):
     drv = RespawnMap()
-    g = pipeline(rows=20_000, batch_rows=200, map_params={"fail_mode": "raise", "fail_at": 3, "delay_s": 0.01})
+    g = pipeline(rows=20_000, batch_rows=200, map_params={"fail_mode": "sigkill", "fail_at": 3, "delay_s": 0.01})
     ctl = Controller(g, run_dir=str(tmp_path), deadline_s=DEADLINE_S, hb_timeout=5.0, driver=drv, max_restarts=1)
     with pytest.raises(RunFailed, match=r"worker map\[0\].*after 1 respawn"):
         ctl.run()
+
+
+def test_a_raising_op_is_not_respawned(tmp_path):
+    """An exception is a bug in op code: a fresh process would raise it again on the same row, so
+    the run fails at once naming it, even where the driver allows respawns."""
+    drv = RespawnMap()
+    g = pipeline(rows=20_000, batch_rows=200, map_params={"fail_mode": "raise", "fail_at": 3, "delay_s": 0.01})
+    ctl = Controller(g, run_dir=str(tmp_path), deadline_s=DEADLINE_S, hb_timeout=5.0, driver=drv, max_restarts=3)
+    with pytest.raises(RunFailed, match=r"worker map\[0\].*raised") as e:
+        ctl.run()
+    assert "respawn" not in str(e.value) and drv.lost == []

@@ -55,7 +55,7 @@ def good_logprob(op):
 
 def test_policy_moves_toward_rewarded_token_and_publishes_versions(tmp_path):
     events = []
-    op = make_op(tmp_path, events, lr=3e-3, steps=3, save_every=2)
+    op = make_op(tmp_path, events, lr=3e-3, steps=3)
     assert [e["version"] for e in events if e["kind"] == "weights"] == [0]
     before = good_logprob(op)
     for step in range(3):
@@ -63,6 +63,9 @@ def test_policy_moves_toward_rewarded_token_and_publishes_versions(tmp_path):
                  [[GOOD, GOOD, GOOD], [50, 51], [GOOD, GOOD], [60, 61, 62]], [1.0, -1.0, 1.0, -1.0], version=step,
                  start=4 * step)
         assert op.process(b, "batch") == ()
+        if step == 1:
+            op.save_checkpoint()   # what the driver asks every run.save_every steps
+    op.finish()                    # saves the last step
     after = good_logprob(op)
     assert after > before + 0.5, (before, after)
     kinds = [e["kind"] for e in events]
@@ -75,7 +78,7 @@ def test_policy_moves_toward_rewarded_token_and_publishes_versions(tmp_path):
         assert key in m, key
     assert m["tokens"] == 10 and m["staleness_max"] == 0 and m["reward_mean"] == 0.5
     assert m["tis_mean"] == pytest.approx(1.0, abs=1e-4)  # on-policy data: behaviour == proximal
-    # checkpoints at step 2 (save_every) and 3 (last), loadable by transformers, equal to the trainer's weights
+    # checkpoints at step 2 (asked) and 3 (finish), loadable by transformers, equal to the trainer's weights
     from transformers import AutoModelForCausalLM
     for s in (2, 3):
         assert os.path.isfile(os.path.join(tmp_path, "checkpoints", f"step_{s}", "config.json"))

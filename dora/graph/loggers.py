@@ -32,11 +32,11 @@ def installed(package: str) -> bool:
 
 
 def check_loggers(value: Any, loc: SourceLoc | None = None) -> list[Diagnostic]:
-    """Every problem of a `run.loggers` value: not a list of names, an unknown name, a duplicate,
+    """Every problem of a `run.loggers` list: a name that is not a string, an unknown name, a duplicate,
     or a logger whose package is missing."""
-    if value is None:
+    if not isinstance(value, (list, tuple)):   # None is the default; any other non-list fails the run section's type check
         return []
-    if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) for x in value):
+    if not all(isinstance(x, str) for x in value):
         return [error(f"run.loggers must be a list of logger names, got {value!r}", loc,
                       hint=f"e.g. [{', '.join(LOGGERS)}]")]
     diags = []

@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from dora.runtime.dashboard.run_files import NotARun, check_run_dir, read_jsonl
+from dora.runtime.dashboard.read_run import NotARun, check_run_dir, read_jsonl
 
 #: (title, [(metrics.jsonl key, line style)]) per panel
 PANELS = [

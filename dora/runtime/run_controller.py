@@ -359,8 +359,8 @@ class Controller:
         for w in list(self.workers.values()):
             if w.lost is not None:
                 continue
-            if w.error is not None:
-                self._replica_failed(w, *w.error)
+            if w.error is not None:   # a raised exception is a bug in op code: a fresh process would raise it again
+                self._replica_failed(w, *w.error, respawn=False)
             # before the first heartbeat a worker is importing: the start deadline covers it
             elif w.state != "starting" and now - w.last_hb > self.hb_timeout:
                 self._replica_failed(w, f"(pid {w.pid}) missed heartbeats for {now - w.last_hb:.1f} s (hb_timeout "
@@ -372,11 +372,13 @@ class Controller:
             for w in [w for w in self.workers.values() if w.lost is not None]:
                 self._respawn(w, w.lost, w.lost_exited)
 
-    def _replica_failed(self, w: _W, why: str, traceback: str | None = None, exited: bool = False) -> None:
-        """A replica died, raised, froze or stalled: respawn it when the driver allows and its restart
-        budget lasts (the driver reissues what it held), else fail the run naming it."""
+    def _replica_failed(self, w: _W, why: str, traceback: str | None = None, exited: bool = False,
+                        respawn: bool = True) -> None:
+        """A replica died, froze or stalled: respawn it when the driver allows and its restart budget
+        lasts (the driver reissues what it held), else fail the run naming it. One that raised fails the
+        run at once (respawn=False), naming the row it raised on."""
         d = self.driver
-        may = (d is not None and hasattr(d, "respawnable") and d.respawnable(w.node)
+        may = (respawn and d is not None and hasattr(d, "respawnable") and d.respawnable(w.node)
                and self.restarts[w.label] < self.max_restarts and not self.stopping)
         if not may:
             budget = f" after {self.restarts[w.label]} respawn(s)" if self.restarts[w.label] else ""

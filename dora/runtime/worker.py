@@ -104,11 +104,16 @@ class Heartbeat(threading.Thread):
             if self.worker.in_op_since is not None:   # inside an op method now (a long training step, a load)
                 msg["busy"] = 1
             self.sock.send(wire.encode_control(msg)[0])
-            if self.sock.poll(int(self.interval * 1000)):
-                while self.sock.poll(0):
-                    self.sock.recv()
-                last_ack = time.monotonic()
-            elif time.monotonic() - last_ack > self.timeout:
+            # one beat per interval: the ack comes back in microseconds, and beating again at once
+            # turned heartbeats into a busy loop (hundreds a second per worker, most of the
+            # controller's CPU); acks are read while waiting out the rest of the interval
+            next_beat = time.monotonic() + self.interval
+            while (wait := next_beat - time.monotonic()) > 0 and not self.halt.is_set():
+                if self.sock.poll(int(wait * 1000) + 1):
+                    while self.sock.poll(0):
+                        self.sock.recv()
+                    last_ack = time.monotonic()
+            if time.monotonic() - last_ack > self.timeout:
                 sys.stderr.write(f"dora worker {self.worker.label}: controller silent for {self.timeout:.0f} s; exiting\n")
                 sys.stderr.flush()
                 os._exit(70)

@@ -5,5 +5,5 @@
     page.py       the self-contained HTML page
     server.py     the HTTP server (127.0.0.1, / and /api/state)
     live.py       a run's RunState and server, as `dora run` starts and closes them
-    run_files.py  a run folder's state, and `dora dashboard`
+    read_run.py   a run folder's state, and `dora dashboard`
 """
