@@ -283,18 +283,3 @@ def test_every_shipped_workload_runs_with_its_invariants(name):
     r = simulate(small("dora", workload=name, steps=4, kv_tokens=400000))
     assert r["lost"] == 0 and r["c1_violations"] == r["c2_violations"] == r["c3_violations"] == 0
     assert r["trajectories_trained"] == 4 * 64
-
-
-def test_placement_gives_rollout_the_instances_its_tail_needs():
-    """The split models the longest trajectory: at 1,024 GPUs the trainer's fixed cost makes a
-    throughput-only balance hand it nearly every GPU (slot-bound rollout, the tail outlasting K+1
-    steps); the placement keeps enough instances that the in-flight batch is not slot-capped, and
-    a smaller K (one_step_off) needs still more rollout."""
-    from dora.sim.simulator import placement
-    cost = CostModel(MODELS["qwen2.5-32b"])
-    wl = get_workload("dapo-math", None)
-    inst, train, colocated = placement(SimConfig(mode="dora", gpus=1024, max_staleness=3), cost, wl)
-    assert not colocated and inst * cost.model.tp + train == 1024
-    assert inst * cost.model.max_batch >= 8192 + 8192 // 2          # RBS = 1.5 x TBS fits in the slots
-    inst_k1, _, _ = placement(SimConfig(mode="one_step_off", gpus=1024), cost, wl)
-    assert inst_k1 > inst

@@ -14,7 +14,6 @@ import dataclasses
 import random
 from typing import Any
 
-from dora.graph.sections import resolve_mode
 from dora.runtime.rollout import RolloutConfig, RolloutController, TraceWriter
 
 from .virtual_clock import VirtualClock
@@ -65,26 +64,13 @@ def placement(cfg: SimConfig, cost: CostModel, workload: Workload) -> tuple[int,
     if cfg.train_gpus:
         train = cfg.train_gpus
     else:
-        # balance: minimise the step time the split allows: max(trainer time (fixed + work / train
-        # GPUs), rollout time (work / rollout GPUs), tail time). The tail: the longest trajectory
-        # decodes at the batch its instance runs with the mode's in-flight work spread over the
-        # pool (at most the slots), and may span K+1 steps; with few instances it, not the
-        # throughput, is what the trainer waits for.
+        # balance: minimise max(trainer time (fixed + work / train GPUs), rollout time (work / rollout GPUs))
         w = workload.stats()
         n = cfg.train_batch
         roll = n * cost.rollout_gpu_s(w.prompt, w.decoded, w.tool_tokens, w.ctx_per_decoded) / ROLLOUT_EFFICIENCY
         trn = cost.train_gpu_s(n * w.train_tokens)
-        k, in_flight = resolve_mode(cfg.mode, cfg.max_staleness, cfg.rollout_batch, n, cfg.group_size)
-        longest = sum(w.longest.outs) if hasattr(w.longest, "outs") else int(w.longest)
-        slots = cfg.max_batch or cost.model.max_batch
-
-        def step_s(t: int) -> float:
-            inst = (cfg.gpus - t) // tp
-            batch = min(slots, -(-in_flight // inst))
-            tail = longest * cost.decode_step_s(batch, batch * w.ctx_per_decoded) / (k + 1)
-            return max(cost.train_fixed_s + trn / t, roll / (inst * tp), tail)
-
-        train = min(range(1, cfg.gpus - tp + 1), key=step_s)
+        train = min(range(1, cfg.gpus - tp + 1),
+                    key=lambda t: max(cost.train_fixed_s + trn / t, roll / ((cfg.gpus - t) // tp * tp)))
     rollout = (cfg.gpus - train) // tp
     if rollout < 1 or train < 1:
         raise ValueError(f"--gpus {cfg.gpus}: cannot split into a trainer pool and >= 1 rollout group of {tp} GPUs")
