@@ -1,97 +1,301 @@
-"""Real runs of one pipeline in every async mode, side by side, on this machine.
+"""Real runs of pipelines in every async mode and off-policy correction, side by side, on this machine.
 
-    python benchmarks/modes.py --json out.json [--pipeline pipelines/quickstart.yaml]
-                               [--modes sync,one_step_off,partial,dora] [--seeds 0,1] [--steps N] [k=v ...]
+    python benchmarks/modes.py run --out DIR [--pipelines pipelines/quickstart.yaml,pipelines/grpo.yaml]
+        [--modes sync,one_step_off,partial:1,dora:1,dora:2] [--corrections default|tis,m2po,...]
+        [--seeds 0,1,2,3] [--steps 80] [k=v ...]
+    python benchmarks/modes.py report --out DIR [same filters] [--png curves.png] [--md table.md]
 
-Every mode runs the same pipeline for the same steps and seeds. Per mode: tokens_per_s (mean
-over seeds), ratio_to_sync, final_reward (mean of the last 3 steps), reward_last10 (mean of the last
-10 steps; both also per seed), reward_by_step (mean over seeds), reward spread over seeds,
-staleness and violations. Prints a table; writes --json.
+`run` appends one line per finished run to DIR/runs.jsonl and skips every run already there, so a
+long sweep can be split over several invocations (or resumed after a crash) and `report` reads
+whatever has been collected. A mode is `name` or `name:K` (K = async.max_staleness); a correction
+is an `off_policy` name of the update op ("default" = the pipeline's own setting). Corrections
+apply to the async modes only: sync runs once per pipeline, on-policy.
+
+The report, per pipeline, mode and correction (means over seeds, with the per-seed values):
+  reward at equal steps   mean reward of the last 20 steps (seed std and min..max)
+  reward at equal time    mean reward of the last 10 steps finished by the time the FASTEST run of
+                          the pipeline ended (every run has reached that time)
+  tokens/s                every trained prompt + response token over the run's wall time (start-up
+                          included), and its ratio to sync's
+  gain                    last-20 reward minus first-5 reward: a mode that does not learn shows ~0
+and staleness, the importance-weight statistics, C1 violations and re-prefilled tokens. --png draws
+reward vs step and vs wall time, mean and seed band per mode.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import shutil
 import statistics
 import sys
-import tempfile
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+LAST, FIRST, AT_TIME = 20, 5, 10          # steps averaged for "equal steps", "first", "equal time"
+PER_STEP = ("reward_mean", "wall_s", "staleness_mean", "is_seq_ess", "is_weight_mean", "is_dropped_frac",
+            "is_log_ratio_m2", "lr_scale", "response_len_mean", "tokens")
 
-def run_one(pipeline: str, mode: str, seed: int, steps: int | None, overrides: list[str], out_root: str) -> dict:
+
+# ---------------------------------------------------------------------------------------------- runs
+def parse_mode(spec: str) -> tuple[str, int | None]:
+    name, _, k = spec.partition(":")
+    if name not in ("sync", "one_step_off", "partial", "dora"):
+        raise ValueError(f"unknown mode {spec!r}; use sync, one_step_off, partial[:K], dora[:K]")
+    if k and not k.isdigit():
+        raise ValueError(f"mode {spec!r}: K must be a whole number")
+    return name, (int(k) if k else None)
+
+
+def run_key(pipeline: str, mode: str, correction: str, seed: int, steps: int, overrides: list[str]) -> str:
+    return "|".join([os.path.basename(pipeline), mode, correction, str(seed), str(steps), " ".join(overrides)])
+
+
+def plan(a) -> list[dict]:
+    runs = []
+    for pipeline in a.pipelines:
+        for mode in a.modes:
+            name, _ = parse_mode(mode)
+            for correction in (["default"] if name == "sync" else a.corrections):
+                for seed in a.seeds:
+                    runs.append({"pipeline": pipeline, "mode": mode, "correction": correction, "seed": seed,
+                                 "steps": a.steps, "overrides": a.overrides,
+                                 "key": run_key(pipeline, mode, correction, seed, a.steps, a.overrides)})
+    return runs
+
+
+def run_one(r: dict, out_root: str) -> dict:
     from dora.runtime.launch import execute, load_graph
-    ov = list(overrides) + [f"async.mode={mode}"]
-    if steps:
-        ov.append(f"nodes.train.params.steps={steps}")
-    graph = load_graph(pipeline, ov)
+    name, k = parse_mode(r["mode"])
+    ov = list(r["overrides"]) + [f"async.mode={name}", f"nodes.train.params.steps={r['steps']}"]
+    if k is not None:
+        ov.append(f"async.max_staleness={k}")
+    if r["correction"] != "default":
+        ov.append(f"nodes.train.params.off_policy={{name: {r['correction']}}}")
+    graph = load_graph(os.path.join(ROOT, r["pipeline"]) if not os.path.isabs(r["pipeline"]) else r["pipeline"], ov)
     if graph is None:
         raise SystemExit(2)
-    run_dir = os.path.join(out_root, f"{mode}-seed{seed}")
-    os.makedirs(run_dir, exist_ok=True)
-    code = execute(graph, run_dir, seed=seed, quiet=True)
+    run_dir = os.path.join(out_root, "runs", r["key"].replace("|", "_").replace(" ", "_").replace("/", "-"))
+    shutil.rmtree(run_dir, ignore_errors=True)
+    os.makedirs(run_dir)
+    code = execute(graph, run_dir, seed=r["seed"], quiet=True)
     with open(os.path.join(run_dir, "summary.json")) as fh:
         summary = json.load(fh)
-    if code != 0:
-        raise RuntimeError(f"{mode} seed {seed} failed: {summary.get('error')}")
-    return summary
+    per_step: dict[str, list] = {k: [] for k in PER_STEP}
+    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        for line in fh:
+            m = json.loads(line)
+            for k in PER_STEP:
+                per_step[k].append(m.get(k))
+    shutil.rmtree(os.path.join(run_dir, "checkpoints"), ignore_errors=True)   # the disk fills otherwise
+    acc = summary.get("accounting") or {}
+    return {**{k: r[k] for k in ("key", "pipeline", "mode", "correction", "seed", "steps", "overrides")},
+            "ok": code == 0 and len(per_step["reward_mean"]) == r["steps"], "error": summary.get("error"),
+            "wall_s": summary.get("wall_s"), "tokens": summary.get("tokens"), "tokens_per_s": summary.get("tokens_per_s"),
+            "staleness_max": summary.get("staleness_max"), "c1_violations": summary.get("c1_violations", 0),
+            "c3_violations": summary.get("c3_violations", 0), "reprefill_tokens": summary.get("reprefill_tokens") or 0,
+            "migrated_requests": summary.get("migrated_requests") or 0, "lost": acc.get("lost"),
+            "rollout_only_fraction": summary.get("rollout_only_fraction"), "per_step": per_step,
+            "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def load_results(out_root: str) -> list[dict]:
+    path = os.path.join(out_root, "runs.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    latest = {}
+    for r in rows:                  # a key run again (after a failure) keeps its last result
+        latest[r["key"]] = r
+    return list(latest.values())
+
+
+def cmd_run(a) -> int:
+    os.makedirs(a.out, exist_ok=True)
+    done = {r["key"] for r in load_results(a.out) if r["ok"]}
+    todo = [r for r in plan(a) if r["key"] not in done]
+    print(f"[modes] {len(todo)} run(s) to do, {len(plan(a)) - len(todo)} already in {a.out}/runs.jsonl", file=sys.stderr)
+    failed = 0
+    for i, r in enumerate(todo, 1):
+        print(f"[modes] {i}/{len(todo)} {r['key']} ...", file=sys.stderr, flush=True)
+        for attempt in range(1 + a.retries):   # a loaded machine can miss the workers' start-up deadline
+            res = run_one(r, a.out)
+            if res["ok"]:
+                break
+            print(f"[modes]   attempt {attempt + 1} failed: {res['error']}", file=sys.stderr, flush=True)
+        failed += not res["ok"]
+        with open(os.path.join(a.out, "runs.jsonl"), "a") as fh:
+            fh.write(json.dumps(res) + "\n")
+        print(f"[modes]   {'ok' if res['ok'] else 'FAILED: ' + str(res['error'])}  wall {res['wall_s']:.0f} s  "
+              f"last-{LAST} reward {_mean_tail(res['per_step']['reward_mean'], LAST):.3f}", file=sys.stderr, flush=True)
+    return 1 if failed else 0
+
+
+# ---------------------------------------------------------------------------------------------- report
+def _mean_tail(xs: list, n: int) -> float:
+    xs = [x for x in xs if x is not None]
+    return statistics.fmean(xs[-n:]) if xs else float("nan")
+
+
+def _reward_by_time(r: dict, t: float) -> tuple[float, int]:
+    """(mean reward of the last AT_TIME steps finished by wall time t, steps finished by t)."""
+    pairs = [(w, x) for w, x in zip(r["per_step"]["wall_s"], r["per_step"]["reward_mean"]) if w is not None and w <= t]
+    return (statistics.fmean(x for _, x in pairs[-AT_TIME:]) if pairs else float("nan")), len(pairs)
+
+
+def _stats(xs: list[float]) -> dict:
+    return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+            "min": min(xs), "max": max(xs), "by_seed": xs}
+
+
+def summarize(results: list[dict]) -> list[dict]:
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        if r["ok"]:
+            groups.setdefault((os.path.basename(r["pipeline"]), r["mode"], r["correction"], r["steps"]), []).append(r)
+    t_eq = {}
+    for (pipe, _, _, steps), runs in groups.items():
+        t_eq[(pipe, steps)] = min(t_eq.get((pipe, steps), math.inf), min(r["wall_s"] for r in runs))
+    rows = []
+    for (pipe, mode, corr, steps), runs in sorted(groups.items()):
+        runs.sort(key=lambda r: r["seed"])
+        at_t = [_reward_by_time(r, t_eq[(pipe, steps)]) for r in runs]
+        row = {"pipeline": pipe, "mode": mode, "correction": corr, "steps": steps, "seeds": [r["seed"] for r in runs],
+               "reward_last": _stats([_mean_tail(r["per_step"]["reward_mean"], LAST) for r in runs]),
+               "reward_first": _stats([statistics.fmean(r["per_step"]["reward_mean"][:FIRST]) for r in runs]),
+               "reward_at_time": _stats([x for x, _ in at_t]), "steps_at_time": statistics.fmean(n for _, n in at_t),
+               "time_eq_s": t_eq[(pipe, steps)],
+               "tokens_per_s": _stats([r["tokens_per_s"] for r in runs]), "wall_s": _stats([r["wall_s"] for r in runs]),
+               "staleness_mean": statistics.fmean(_mean_tail(r["per_step"]["staleness_mean"], steps) for r in runs),
+               "is_seq_ess": statistics.fmean(_mean_tail(r["per_step"]["is_seq_ess"], steps) for r in runs),
+               "is_dropped_frac": statistics.fmean(_mean_tail(r["per_step"]["is_dropped_frac"], steps) for r in runs),
+               "lr_scale": statistics.fmean(_mean_tail(r["per_step"]["lr_scale"], steps) for r in runs),
+               "c1_violations": sum(r["c1_violations"] for r in runs), "c3_violations": sum(r["c3_violations"] for r in runs),
+               "reprefill_tokens": sum(r["reprefill_tokens"] for r in runs),
+               "migrated_requests": sum(r["migrated_requests"] for r in runs),
+               "lost": sum(r["lost"] or 0 for r in runs)}
+        row["gain"] = row["reward_last"]["mean"] - row["reward_first"]["mean"]
+        rows.append(row)
+    for row in rows:
+        sync = next((s for s in rows if s["mode"] == "sync" and s["pipeline"] == row["pipeline"]
+                     and s["steps"] == row["steps"]), None)
+        row["x_sync"] = row["tokens_per_s"]["mean"] / sync["tokens_per_s"]["mean"] if sync else None
+        row["gap_to_sync"] = row["reward_last"]["mean"] - sync["reward_last"]["mean"] if sync else None
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| pipeline | mode | off_policy | seeds | reward last 20 (mean ± std; per seed) | vs sync | gain | "
+            "reward at equal time (s; steps) | tok/s (x sync) | wall s | stale | ESS | dropped | C1 | re-prefill |")
+    out = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        rl, rt, tps = r["reward_last"], r["reward_at_time"], r["tokens_per_s"]
+        gap = "" if r["gap_to_sync"] is None else f"{r['gap_to_sync']:+.3f}"
+        ratio = "-" if r["x_sync"] is None else f"{r['x_sync']:.2f}"
+        out.append(
+            f"| {r['pipeline'].removesuffix('.yaml')} | {r['mode']} | {r['correction']} | {len(r['seeds'])} "
+            f"| {rl['mean']:.3f} ± {rl['std']:.3f}; {' / '.join(f'{x:.2f}' for x in rl['by_seed'])} | {gap} "
+            f"| {r['gain']:+.3f} | {rt['mean']:.3f} ± {rt['std']:.3f} ({r['time_eq_s']:.0f} s; {r['steps_at_time']:.0f}) "
+            f"| {tps['mean']:,.0f} ({ratio}) | {r['wall_s']['mean']:.0f} | {r['staleness_mean']:.2f} "
+            f"| {r['is_seq_ess']:.2f} | {r['is_dropped_frac']:.4f} | {r['c1_violations']} | {r['reprefill_tokens']} |")
+    return "\n".join(out)
+
+
+def _smooth(xs: list[float], w: int = 5) -> list[float]:
+    return [statistics.fmean(xs[max(0, i - w + 1): i + 1]) for i in range(len(xs))]
+
+
+def plot(results: list[dict], rows: list[dict], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    pipes = sorted({r["pipeline"] for r in rows})
+    fig, axes = plt.subplots(len(pipes), 2, figsize=(13, 4.2 * len(pipes)), squeeze=False)
+    for pi, pipe in enumerate(pipes):
+        mine = [r for r in rows if r["pipeline"] == pipe]
+        for row in mine:
+            runs = [r for r in results if r["ok"] and os.path.basename(r["pipeline"]) == pipe and r["mode"] == row["mode"]
+                    and r["correction"] == row["correction"] and r["steps"] == row["steps"]]
+            label = row["mode"] + ("" if row["correction"] == "default" or row["mode"] == "sync" else f" {row['correction']}")
+            ys = np.array([_smooth(r["per_step"]["reward_mean"]) for r in runs])
+            x = np.arange(1, ys.shape[1] + 1)
+            m, s = ys.mean(0), ys.std(0)
+            line, = axes[pi][0].plot(x, m, label=f"{label} ({len(runs)} seeds)")
+            axes[pi][0].fill_between(x, m - s, m + s, alpha=0.15, color=line.get_color())
+            grid = np.linspace(max(r["per_step"]["wall_s"][0] for r in runs), min(r["per_step"]["wall_s"][-1] for r in runs), 200)
+            yt = np.array([np.interp(grid, r["per_step"]["wall_s"], _smooth(r["per_step"]["reward_mean"])) for r in runs])
+            mt, st = yt.mean(0), yt.std(0)
+            axes[pi][1].plot(grid, mt, color=line.get_color(), label=label)
+            axes[pi][1].fill_between(grid, mt - st, mt + st, alpha=0.15, color=line.get_color())
+        axes[pi][0].set(title=f"{pipe}: reward vs training step", xlabel="step", ylabel="reward (5-step mean)")
+        axes[pi][1].set(title=f"{pipe}: reward vs wall time", xlabel="wall s (from launch)", ylabel="reward (5-step mean)")
+        axes[pi][0].legend(fontsize=8, loc="upper left")
+        for ax in axes[pi]:
+            ax.grid(alpha=0.3)
+    fig.suptitle("mean over seeds, band = ± 1 std across seeds", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def cmd_report(a) -> int:
+    want = {run_key(**{k: r[k] for k in ("pipeline", "mode", "correction", "seed", "steps", "overrides")})
+            for r in plan(a)}
+    results = [r for r in load_results(a.out) if r["key"] in want]
+    failed = [r for r in results if not r["ok"]]
+    rows = summarize(results)
+    if not rows:
+        print(f"modes.py: no finished runs in {a.out}/runs.jsonl match the filters", file=sys.stderr)
+        return 2
+    text = table(rows)
+    print(text)
+    for r in failed:
+        print(f"FAILED run {r['key']}: {r['error']}")
+    if a.md:
+        with open(a.md, "w") as fh:
+            fh.write(text + "\n")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    if a.png:
+        plot(results, rows, a.png)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pipeline", default="pipelines/quickstart.yaml")
-    p.add_argument("--modes", default="sync,one_step_off,partial,dora")
-    p.add_argument("--seeds", default="0,1")
-    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("command", choices=("run", "report"))
+    p.add_argument("--out", required=True, help="results folder (runs.jsonl, run folders)")
+    p.add_argument("--pipelines", default="pipelines/quickstart.yaml,pipelines/grpo.yaml")
+    p.add_argument("--modes", default="sync,one_step_off,partial:1,dora:1,dora:2")
+    p.add_argument("--corrections", default="default", help="off_policy names for the async modes, or default")
+    p.add_argument("--seeds", default="0,1,2,3")
+    p.add_argument("--steps", type=int, default=80)
+    p.add_argument("--retries", type=int, default=1, help="run a failed run again at once, this many times")
+    p.add_argument("--png", default=None)
+    p.add_argument("--md", default=None)
     p.add_argument("--json", default=None)
-    p.add_argument("--out", default=None, help="where the runs go (default: a temp dir)")
-    p.add_argument("overrides", nargs="*")
-    a = p.parse_args(argv)
-    modes = [m for m in a.modes.split(",") if m]
-    seeds = [int(s) for s in a.seeds.split(",") if s]
-    out_root = a.out or tempfile.mkdtemp(prefix="dora-modes-")
-    rows = []
-    for mode in modes:
-        runs = []
-        for seed in seeds:
-            print(f"[modes] {mode} seed {seed} ...", file=sys.stderr, flush=True)
-            runs.append(run_one(a.pipeline, mode, seed, a.steps, a.overrides, out_root))
-        tps = [r["tokens"] / r["wall_s"] for r in runs]   # end to end: every token over the whole run
-        finals = [r.get("reward_last3") for r in runs]
-        # the mean of the last 10 steps: one 64-trajectory step's reward is noisy, 3 steps are not enough
-        last10 = [statistics.fmean(r["reward_by_step"][-10:]) if r.get("reward_by_step") else 0.0 for r in runs]
-        by_step = [statistics.fmean(x) for x in zip(*[r.get("reward_by_step", []) for r in runs])]
-        rows.append({
-            "mode": mode, "seeds": seeds, "tokens_per_s": statistics.fmean(tps),
-            "final_reward": statistics.fmean(finals), "final_reward_spread": (max(finals) - min(finals)) if len(finals) > 1 else 0.0,
-            "final_reward_by_seed": finals, "reward_last10": statistics.fmean(last10), "reward_last10_by_seed": last10,
-            "reward_first3": statistics.fmean(r.get("reward_first3") for r in runs),
-            "reward_by_step": by_step, "wall_s": statistics.fmean(r["wall_s"] for r in runs),
-            "rollout_only_fraction": statistics.fmean(r.get("rollout_only_fraction") or 0.0 for r in runs),
-            "staleness_max": max(r.get("staleness_max") or 0 for r in runs),
-            "c1_violations": sum(r.get("c1_violations", 0) for r in runs),
-            "c2_violations": sum(r.get("c2_violations", 0) for r in runs),
-            "c3_violations": sum(r.get("c3_violations", 0) for r in runs),
-            "migrated_requests": sum(r.get("migrated_requests") or 0 for r in runs),
-        })
-    base = next((r["tokens_per_s"] for r in rows if r["mode"] == "sync"), None)
-    for r in rows:
-        r["ratio_to_sync"] = r["tokens_per_s"] / base if base else None
-    print(f"\n{'mode':<13} {'tok/s':>9} {'x sync':>7} {'reward first3':>13} {'final':>7} {'spread':>7} {'last10':>7} {'last10 by seed':>24} "
-          f"{'roll-only':>9} {'stale':>5} {'C1/C2/C3':>9} {'migr':>5}")
-    for r in rows:
-        ratio = f"{r['ratio_to_sync']:.2f}" if r["ratio_to_sync"] else "-"
-        print(f"{r['mode']:<13} {r['tokens_per_s']:>9.0f} {ratio:>7} {r['reward_first3']:>13.3f} {r['final_reward']:>7.3f} "
-              f"{r['final_reward_spread']:>7.3f} {r['reward_last10']:>7.3f} {' / '.join(f'{x:.2f}' for x in r['reward_last10_by_seed']):>24} {r['rollout_only_fraction']:>9.2f} {r['staleness_max']:>5} "
-              f"{str(r['c1_violations']) + '/' + str(r['c2_violations']) + '/' + str(r['c3_violations']):>9} "
-              f"{r['migrated_requests']:>5}")
-    if a.json:
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as fh:
-            json.dump(rows, fh, indent=2)
-    return 0
+    p.add_argument("overrides", nargs="*", help="pipeline overrides k=v for every run")
+    a = p.parse_intermixed_args(argv)   # overrides may follow the options
+    split = lambda s: [x for x in s.split(",") if x]
+    a.pipelines, a.modes, a.corrections = split(a.pipelines), split(a.modes), split(a.corrections)
+    try:
+        a.seeds = [int(s) for s in split(a.seeds)]
+    except ValueError:
+        p.error(f"--seeds must be whole numbers, got {a.seeds!r}")
+    for m in a.modes:
+        try:
+            parse_mode(m)
+        except ValueError as e:
+            p.error(str(e))
+    if a.steps < LAST + FIRST:
+        p.error(f"--steps must be >= {LAST + FIRST} (the report averages the first {FIRST} and the last {LAST})")
+    return cmd_run(a) if a.command == "run" else cmd_report(a)
 
 
 if __name__ == "__main__":

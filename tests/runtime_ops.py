@@ -178,3 +178,45 @@ class Echo(Operator):
 
     def process(self, batch, port):
         return [batch]
+
+
+def any_devices(params: dict, devices: int) -> None:
+    """DeviceProbe may hold any number of devices (it stands in for a tensor-parallel engine)."""
+    return None
+
+
+class Trajectories(Operator):
+    """Trainer input without a generator: `groups` groups of `group_size` rows with uneven lengths,
+    zero behaviour logprobs and +-1 advantages (enough for the update op to take real steps)."""
+
+    spec = OpSpec(
+        name="tests.runtime_ops:Trajectories", doc="synthetic scored trajectories", inputs=(),
+        adds=("uid", "group_id", "prompt_ids", "response_ids", "behavior_logprobs", "advantages", "policy_version"),
+        params=_params(P("groups", "int", 8, "groups"), P("group_size", "int", 2, "rows per group")),
+        impl="tests.runtime_ops:Trajectories",
+    )
+
+    def source(self):
+        p = self.ctx.params
+        for g in range(p["groups"]):
+            rows = [{"uid": f"{g}-{i}", "group_id": g, "prompt_ids": [5 + g % 7, 6, 7], "response_ids": [20 + i] * (1 + (g + i) % 5),
+                     "advantages": [1.0 if i % 2 else -1.0] * (1 + (g + i) % 5), "policy_version": 0}
+                    for i in range(p["group_size"])]
+            for r in rows:
+                r["behavior_logprobs"] = [0.0] * len(r["response_ids"])
+            yield pa.RecordBatch.from_pylist(rows)
+
+
+class DeviceProbe(Operator):
+    """Pass-through whose replicas may hold several devices (devices: N); reports where it runs."""
+
+    spec = OpSpec(name="tests.runtime_ops:DeviceProbe", doc="pass-through that reports its placement",
+                  inputs=(PortSpec("in", ()),), adds=(), params={}, impl="tests.runtime_ops:DeviceProbe",
+                  devices_check="tests.runtime_ops:any_devices")
+
+    def setup(self, ctx):
+        super().setup(ctx)
+        ctx.report({"kind": "probe", "devices": ctx.devices, "pid": os.getpid()})
+
+    def process(self, batch, port):
+        return [batch]

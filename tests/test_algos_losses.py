@@ -53,14 +53,13 @@ def test_ppo_clip_matches_loop(seed, agg, hi, dual):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_truncated_importance_sampling_matches_loop(seed):
+def test_token_weights_multiply_each_tokens_surrogate(seed):
     lengths, lp, old, beh, adv, mask = _data(seed)
-    loss, m = losses.compute("ppo_clip", logprobs=T_(lp), old_logprobs=T_(old), advantages=T_(adv), mask=T_(mask),
-                             behavior_logprobs=T_(beh), tis_cap=1.5)
-    per = [[min(math.exp(old[b][t] - beh[b][t]), 1.5) * ref_ppo_token(lp[b][t], old[b][t], adv[b][t], 0.2, 0.2, None)
-            for t in range(6)] for b in range(5)]
+    w = [[abs(x) for x in row] for row in beh]
+    loss, _ = losses.compute("ppo_clip", logprobs=T_(lp), old_logprobs=T_(old), advantages=T_(adv), mask=T_(mask),
+                             token_weights=T_(w))
+    per = [[w[b][t] * ref_ppo_token(lp[b][t], old[b][t], adv[b][t], 0.2, 0.2, None) for t in range(6)] for b in range(5)]
     assert float(loss) == pytest.approx(ref_agg(per, lengths, "token_mean"), rel=1e-9)
-    assert 0 < m["tis_mean"] <= 1.5
 
 
 def test_dapo_is_decoupled_ppo_clip_with_token_mean():

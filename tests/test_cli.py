@@ -32,6 +32,14 @@ def test_validate_overrides(tmp_path, capsys):
     assert main(["validate", QUICKSTART, "nodes.rollout.replicas=4", "pools.rollout.count=4"]) == 0
 
 
+def test_scale_errors_exit_2_with_file_line(tmp_path, capsys):
+    path = write(tmp_path, BASE.replace("replicas: 2, inputs", "replicas: 2, devices: 2, inputs"))
+    assert main(["validate", path]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:8: error: node 'rollout': devices: 2 asks for tensor parallelism" in err and "Traceback" not in err
+    assert "oversubscribed" in err   # and 2 x 2 devices do not fit the pool of 2
+
+
 def test_warnings_exit_0(tmp_path, capsys):
     path = write(tmp_path, BASE.replace("weights:\n  - {from: train, to: rollout}\n", ""))
     assert main(["validate", path]) == 0

@@ -62,7 +62,9 @@ def value_for(ps) -> st.SearchStrategy:
     if ps.choices:
         s = st.sampled_from(ps.choices)
     else:
-        s = {"int": st.integers(-10**6, 10**6), "float": st.floats(allow_nan=False, allow_infinity=False),
+        lo, hi = ps.min, ps.max   # a declared range is part of what makes a value valid
+        s = {"int": st.integers(-10**6 if lo is None else int(lo), 10**6 if hi is None else int(hi)),
+             "float": st.floats(lo, hi, allow_nan=False, allow_infinity=False),
              "bool": st.booleans(), "str": text, "list": st.lists(plain, max_size=3),
              "dict": st.dictionaries(names, plain, max_size=3)}[base]
     return st.one_of(st.none(), s) if ps.optional else s
@@ -79,7 +81,7 @@ def graphs(draw) -> Graph:
         keys = draw(st.lists(st.sampled_from(sorted(spec.params)), max_size=4, unique=True))
         params = {k: draw(value_for(spec.params[k])) for k in keys}
         node = Node(n, spec.name, params, draw(st.one_of(st.none(), st.sampled_from(pool_names))) if pool_names else None,
-                    draw(st.integers(1, 4)))
+                    draw(st.integers(1, 4)), devices=draw(st.integers(1, 3)))
         for port in spec.inputs:
             if i == 0:
                 break
@@ -109,18 +111,29 @@ def valid_graphs(draw) -> Graph:
     ops = ["dataset", "generate"] + (["reference"] if with_ref else []) + ["reward"] + (["critic"] if with_critic else []) \
         + (["filter"] if with_filter else []) + ["advantage", "update"]
     node_names = draw(st.lists(names, min_size=len(ops), max_size=len(ops), unique=True))
-    fixed = {"advantage": {"estimator": "gae" if with_critic else draw(st.sampled_from(["grpo", "rloo"])),
+    group = draw(st.sampled_from([1, 2, 4, 8]))
+    sync = draw(st.sampled_from(["file", "broadcast"]))   # both ends of the weights edge agree; broadcast needs torch
+    engine = "torch" if sync == "broadcast" else draw(st.sampled_from(["torch", "vllm"]))
+    fixed = {"dataset": {"group_size": group},
+             "generate": {"weight_sync": sync, "engine": engine,
+                          "dtype": draw(st.sampled_from(["float32", "bfloat16"])) if engine == "vllm" else "float32"},
+             "advantage": {"estimator": "gae" if with_critic else draw(st.sampled_from(["grpo", "rloo"])),
                            "kl_coef": draw(st.sampled_from([0.0, 0.01])) if with_ref else 0.0},
-             "update": {"kl_coef": draw(st.sampled_from([0.0, 0.05])) if with_ref else 0.0}}
+             "update": {"kl_coef": draw(st.sampled_from([0.0, 0.05])) if with_ref else 0.0, "weight_sync": sync,
+                        "broadcast_to": 0}}
     pools = {"gen": Pool("gen", "cpu", 0), "learn": Pool("learn", draw(st.sampled_from(["cpu", "gpu"])), 0)}
     nodes: dict[str, Node] = {}
     for i, (n, op) in enumerate(zip(node_names, ops)):
         spec = BUILTIN_OPS[op]
-        free = sorted(k for k in spec.params if k not in fixed.get(op, {}))
+        # a name from a registry (names_from) is valid only if it names something: keep the default
+        free = sorted(k for k, ps in spec.params.items() if k not in fixed.get(op, {}) and ps.names_from is None)
         params = {k: draw(value_for(spec.params[k])) for k in draw(st.lists(st.sampled_from(free), max_size=3, unique=True))}
         params.update(fixed.get(op, {}))
         pool = "gen" if op == "generate" else "learn" if op in ("update", "critic", "reference") else None
-        node = Node(n, op, params, pool, draw(st.integers(1, 3)) if op == "generate" else 1)
+        # generate: data-parallel replicas, a TP group each on vllm; update/critic/reference: ranks of one group
+        devices = draw(st.integers(1, 2)) if op == "generate" and params.get("engine") == "vllm" else 1
+        node = Node(n, op, params, pool, draw(st.integers(1, 3)) if op in ("generate", "update", "critic", "reference") else 1,
+                    devices=devices)
         if i:
             port = spec.inputs[0].name
             node.inputs[port] = Edge(node_names[i - 1], "out", n, port,
@@ -128,8 +141,11 @@ def valid_graphs(draw) -> Graph:
                                      capacity=draw(st.integers(1, 16)))
         nodes[n] = node
     for p in pools.values():
-        p.count = sum(nd.replicas for nd in nodes.values() if nd.pool == p.name) + draw(st.integers(0, 2))
+        p.count = sum(nd.replicas * nd.devices for nd in nodes.values() if nd.pool == p.name) + draw(st.integers(0, 2))
+    # async settings the mode can run (sections.resolve_mode): whole groups, K >= 1 when streaming
     mode = draw(st.sampled_from(ASYNC_MODES))
+    tbs = 8 * draw(st.integers(1, 8))
+    rbs = draw(st.sampled_from([tbs, tbs + 8 * draw(st.integers(1, 4))]))
     return Graph(name=draw(names), nodes=nodes, pools=pools,
                  weights=[WeightsEdge(node_names[-1], node_names[1])],
-                 async_=AsyncConfig(mode, draw(st.integers(0, 4)), draw(st.integers(1, 64)), 8 * draw(st.integers(1, 8))))
+                 async_=AsyncConfig(mode, draw(st.integers(0 if mode in ("sync", "one_step_off") else 1, 4)), rbs, tbs))

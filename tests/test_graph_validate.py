@@ -174,6 +174,68 @@ def test_pool_oversubscribed(tmp_path):
     assert d.loc.line == line_of(text, "rollout: {device: cpu")
 
 
+# ---------------------------------------------------------------- devices per replica, sharded ops
+
+def test_devices_below_one(tmp_path):
+    text = BASE.replace("replicas: 2, inputs", "replicas: 2, devices: 0, inputs")
+    d = only(diagnose(tmp_path, text))
+    assert d.node == "rollout" and "devices must be a positive int" in d.message and "got 0" in d.message
+    assert d.loc.line == line_of(text, "devices: 0")
+
+
+def test_pool_too_small_for_replicas_times_devices(tmp_path):
+    text = BASE.replace("replicas: 2, inputs", "replicas: 2, devices: 2, inputs").replace("max_tokens: 8}", "max_tokens: 8, engine: vllm}")
+    d = only(diagnose(tmp_path, text))
+    assert "pool 'rollout' is oversubscribed" in d.message and "need 4 devices" in d.message
+    assert "rollout (2 x 2 devices = 4)" in d.message and "count 2" in d.message and "pools.rollout.count to 4" in d.hint
+    assert d.loc.line == line_of(text, "rollout: {device: cpu")
+    assert errors(tmp_path, text.replace("rollout: {device: cpu, count: 2}", "rollout: {device: gpu, count: 4}")) == []
+
+
+def test_tensor_parallel_needs_an_engine_that_can(tmp_path):
+    text = BASE.replace("rollout: {device: cpu, count: 2}", "rollout: {device: gpu, count: 4}").replace(
+        "replicas: 2, inputs", "replicas: 2, devices: 2, inputs")
+    d = only(diagnose(tmp_path, text))
+    assert d.node == "rollout" and "devices: 2 asks for tensor parallelism" in d.message and "'torch'" in d.message
+    assert "engine: vllm" in d.message and d.loc.line == line_of(text, "devices: 2")
+
+
+def test_devices_on_ops_that_use_one_per_replica(tmp_path):
+    text = BASE.replace("train: {op: update, pool: train,", "train: {op: update, pool: train, devices: 2,").replace(
+        "train: {device: cpu, count: 1}", "train: {device: cpu, count: 2}").replace(
+        "reward: {op: reward,", "reward: {op: reward, devices: 3,")
+    by_node = {d.node: d for d in errors(tmp_path, text)}
+    assert set(by_node) == {"train", "reward"}, [d.format() for d in by_node.values()]
+    assert "each rank of its process group holds one device" in by_node["train"].message
+    assert "replicas: 2 gives one group of that many ranks" in by_node["train"].hint
+    assert "op 'reward' runs each replica on one device" in by_node["reward"].message
+
+
+def test_trainer_ranks_cannot_span_pools(tmp_path):
+    text = BASE.replace("train: {op: update, pool: train,", "train: {op: update, pool: [train, rollout], replicas: 2,")
+    d = only(diagnose(tmp_path, text))
+    assert d.node == "train" and "ranks of update node 'train' would span pools ['train', 'rollout']" in d.message
+    assert "one torch.distributed group" in d.message and "count >= 2" in d.hint
+    assert d.loc.line == line_of(text, "pool: [train, rollout]")
+
+
+def test_print_and_viz_show_devices_and_ranks():
+    from dora.graph.builder import Pipeline
+    from dora.graph.viz.view import build_view
+
+    p = Pipeline("p", pools={"g": ("gpu", 8), "t": ("gpu", 4)})
+    prompts = p.node("prompts", "dataset")
+    gen = p.node("generate", "generate", pool="g", replicas=2, devices=4, engine="vllm")
+    train = p.node("train", "update", pool="t", replicas=4)
+    prompts >> gen
+    text = str(p.graph)
+    assert "x2, 4 devices each" in text and "x4 ranks" in text, text
+    view = build_view(p.graph)
+    assert view.nodes["generate"].subtitle == "generate \u00d72, 4 devices each"
+    assert view.nodes["train"].subtitle == "update \u00d74 ranks" and view.nodes["prompts"].subtitle == "dataset"
+    assert train.node.devices == 1
+
+
 def test_unreachable_node(tmp_path):
     text = BASE.replace("weights:", "  lone_gen: {op: generate}\n  lone_reward: {op: reward, inputs: {trajectories: lone_gen/out}}\nweights:")
     diags = errors(tmp_path, text)

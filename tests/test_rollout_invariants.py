@@ -448,8 +448,8 @@ def test_every_rollout_policy_is_a_declared_mode():
 
 @pytest.mark.parametrize("mode", ["sync", "partial", "dora"])
 def test_a_lost_instance_drops_its_groups_whole_and_a_restored_batch_trains(mode):
-    """instance_lost: the groups it held are dropped whole (members elsewhere discarded when they
-    finish), counted under the reason, never lost; the restarted instance takes the newest version.
+    """instance_replaced: the groups it held are dropped whole (members elsewhere discarded when they
+    finish), counted under the reason, never lost; the new process takes the newest version first.
     restore_finished: finished-untrained trajectories of a resumed run form a batch again."""
     rng, clock = random.Random(1), Clock()
     insts = [FakeInstance(f"i{j}", slots=4) for j in range(2)]
@@ -460,11 +460,9 @@ def test_a_lost_instance_drops_its_groups_whole_and_a_restored_batch_trains(mode
     assert held
     insts[0].reqs.clear()                                     # the process is gone with them
     insts[0].version = -1                                     # its replacement holds no served version yet
-    gids, revoked = c.instance_lost("i0")
-    assert not insts[0].reqs, "nothing is dispatched to an instance that holds no served version"
-    assert gids == sorted({u.split(".")[0] for u in held}) and revoked == []
-    c.instance_restarted("i0")
+    gids, revoked = c.instance_replaced("i0")
     assert insts[0].version == c.newest
+    assert gids == sorted({u.split(".")[0] for u in held}) and revoked == []
     for _ in range(200):                                      # run everything out
         clock.t += 1
         for i in insts:

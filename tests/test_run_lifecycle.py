@@ -284,8 +284,6 @@ def test_random_sigkills_of_generate_replicas_keep_the_ledger_exact(tmp_path):
     assert p.wait(timeout=600) == 0, p.stdout.read()
     summary = _audit_exact(out, 8, 16, 2)
     assert summary["accounting"]["respawns"] == len(killed) == 2
-    assert summary["accounting"]["reissued_requests"] == summary["accounting"]["dropped_by_reason"].get("replica_lost", 0) \
-        or summary["accounting"]["reissued_requests"] >= 0
 
 
 def test_controller_killed_at_a_random_step_then_resumed_keeps_the_ledger_exact(tmp_path):

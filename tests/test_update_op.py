@@ -1,6 +1,7 @@
 """UpdateOp on a tiny Llama: it learns, takes exact whole-group batches, publishes versions, checkpoints."""
 
 import os
+import re
 
 import pyarrow as pa
 import pytest
@@ -74,10 +75,10 @@ def test_policy_moves_toward_rewarded_token_and_publishes_versions(tmp_path):
     step = [e for e in events if e["kind"] == "train_step"][-1]
     assert step["step"] == 3 and step["version"] == 3 and sorted(step["uids"]) == ["u10", "u11", "u8", "u9"]
     m = step["metrics"]
-    for key in ("loss", "grad_norm", "lr", "entropy", "clip_frac", "staleness_max", "staleness_mean", "tokens", "tis_mean"):
+    for key in ("loss", "grad_norm", "lr", "entropy", "clip_frac", "staleness_max", "staleness_mean", "tokens", "is_weight_mean", "is_seq_ess", "lr_scale"):
         assert key in m, key
     assert m["tokens"] == 10 and m["staleness_max"] == 0 and m["reward_mean"] == 0.5
-    assert m["tis_mean"] == pytest.approx(1.0, abs=1e-4)  # on-policy data: behaviour == proximal
+    assert m["is_weight_mean"] == pytest.approx(1.0, abs=1e-4)  # on-policy data: behaviour == proximal
     # checkpoints at step 2 (asked) and 3 (finish), loadable by transformers, equal to the trainer's weights
     from transformers import AutoModelForCausalLM
     for s in (2, 3):
@@ -156,3 +157,47 @@ def test_kl_entropy_and_several_ppo_epochs(tmp_path):
     # epochs 2 and 3 run on moved weights: the ratio leaves 1 and KL to the reference grows from 0
     assert m["ratio_max"] > 1.0 and m["kl"] > 0 and m["approx_kl"] > 0
     assert m["entropy"] > 0
+
+
+def stale(batch, shift):
+    """The same rows as if an older policy had sampled them: behaviour logprobs moved by `shift` per token."""
+    beh = [[x + shift[i % len(shift)] for x in row] for i, row in enumerate(batch.column("behavior_logprobs").to_pylist())]
+    i = batch.schema.get_field_index("behavior_logprobs")
+    return batch.set_column(i, "behavior_logprobs", pa.array(beh, COLUMNS["behavior_logprobs"]))
+
+
+@pytest.mark.parametrize("spec", [{"name": "m2po", "m2_max": 0.05}, {"name": "ess_lr", "power": 1.0}, {"name": "tis", "cap": 1.1}])
+def test_off_policy_correction_is_the_same_however_the_step_is_split(tmp_path, spec):
+    results = []
+    for budget in (4096, 7):
+        events = []
+        op = make_op(tmp_path / str(budget), events, lr=1e-2, steps=1, micro_batch_tokens=budget, off_policy=spec)
+        b = rows(op, [0, 0, 1, 1], [[GOOD, GOOD, GOOD], [50, 51], [GOOD], [60, 61, 62]], [1.0, -1.0, 0.5, -0.5])
+        op.process(stale(b, [0.6, -0.4, 0.1, -0.05]), "batch")
+        results.append((op.model.state_dict(), [e for e in events if e["kind"] == "train_step"][0]["metrics"]))
+        weights.cleanup(str(tmp_path / str(budget)))
+    (one, m1), (many, m2) = results
+    assert m1["micro_batches"] == 1 and m2["micro_batches"] == 4
+    for key in ("is_weight_mean", "is_dropped_frac", "is_seq_ess", "lr_scale", "lr", "grad_norm"):
+        assert m1[key] == pytest.approx(m2[key], rel=1e-4), key
+    assert m1["is_seq_ess"] < 1.0
+    if spec["name"] == "ess_lr":
+        assert m1["lr_scale"] == pytest.approx(m1["is_seq_ess"]) and m1["lr"] == pytest.approx(1e-2 * m1["lr_scale"])
+    if spec["name"] == "m2po":
+        assert m1["is_dropped_frac"] > 0     # 0.6^2 = 0.36 > 0.05: the most stale tokens go
+    for n in one:
+        torch.testing.assert_close(one[n], many[n], atol=2e-5, rtol=1e-4)
+
+
+def test_bad_off_policy_is_a_clear_error(tmp_path):
+    """Checked where dora validate checks params (update's check_params), the same check at run start-up."""
+    from dora.ops.update import check_params
+
+    for spec, msg in (({"cap": 2.0}, "must be a mapping"), ({"name": "tiss"}, "valid names"),
+                      ({"name": "tis", "cap": -1}, "cap must be a positive"), ({"name": "m2po", "cap": 2.0}, "unknown parameter")):
+        p = {"loss": "ppo_clip", "clip_eps": 0.2, "clip_eps_high": None, "dual_clip": None, "agg": "token_mean",
+             "off_policy": spec}
+        problems = check_params(p)
+        assert len(problems) == 1 and problems[0][0] == "off_policy" and re.search(msg, problems[0][1]), problems
+        with pytest.raises(ValueError, match=r"off_policy.*" + msg):   # op_context checks as dora run does
+            make_op(tmp_path, [], off_policy=spec)

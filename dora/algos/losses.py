@@ -8,15 +8,14 @@ All tensors are [B, T] over response tokens; mask is 1 on real tokens. Three pol
 - pi_prox    `old_logprobs`: the SAME trainer weights before this step's first optimizer update,
              without grad (the "proximal" policy of decoupled PPO). The PPO ratio and its clipping
              are taken against pi_prox: r = exp(logprobs - old_logprobs).
-- pi_behav   `behavior_logprobs` (optional param): what the rollout engine reported when it
-             sampled, under policy version w_j, possibly several versions old (DORA's window K)
-             and from a different numeric stack. Truncated importance sampling (param `tis_cap`)
-             corrects for it token by token: w = min(exp(old_logprobs - behavior_logprobs),
-             tis_cap), detached, multiplies each token's surrogate loss. With tis_cap None or 0, or
-             no behavior_logprobs, w = 1 (on-policy PPO).
+- pi_behav   what the rollout engine reported when it sampled, under policy version w_j, possibly
+             several versions old (DORA's window K) and from a different numeric stack. The loss does
+             not see it: an off-policy correction (dora/algos/off_policy.py) turns pi_prox / pi_behav
+             into `token_weights`, detached, which multiply each token's surrogate loss. Without
+             token_weights every token counts once (on-policy PPO).
 
 Common params: agg ("token_mean" | "seq_mean_token_mean" | "seq_mean_token_sum"),
-behavior_logprobs, tis_cap, ref_logprobs + kl_coef + kl_estimator (adds kl_coef * agg(KL) to
+token_weights, ref_logprobs + kl_coef + kl_estimator (adds kl_coef * agg(KL) to
 the loss), entropy [B, T] + entropy_coef (subtracts entropy_coef * agg(entropy): a bonus),
 total_tokens / total_seqs (denominators of the whole training batch, so that the losses of
 micro-batches add up to exactly the full-batch loss under gradient accumulation).
@@ -64,7 +63,7 @@ def aggregate(x: Tensor, mask: Tensor, agg: str, *, total_tokens: float | None =
 
 
 def compute(name: str, *, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-            agg: str = "token_mean", behavior_logprobs: Tensor | None = None, tis_cap: float | None = None,
+            agg: str = "token_mean", token_weights: Tensor | None = None,
             ref_logprobs: Tensor | None = None, kl_coef: float = 0.0, kl_estimator: str = "k3",
             entropy: Tensor | None = None, entropy_coef: float = 0.0,
             total_tokens: float | None = None, total_seqs: float | None = None,
@@ -77,7 +76,7 @@ def compute(name: str, *, logprobs: Tensor, old_logprobs: Tensor, advantages: Te
     if fixed is not None and agg != fixed:
         raise ValueError(f"policy loss {name!r} aggregates by {fixed}; for agg={agg!r} use ppo_clip")
     for label, t in (("old_logprobs", old_logprobs), ("advantages", advantages), ("mask", mask),
-                     ("behavior_logprobs", behavior_logprobs), ("ref_logprobs", ref_logprobs), ("entropy", entropy)):
+                     ("token_weights", token_weights), ("ref_logprobs", ref_logprobs), ("entropy", entropy)):
         if t is not None and t.shape != logprobs.shape:
             raise ValueError(f"{label} has shape {tuple(t.shape)}, logprobs has {tuple(logprobs.shape)}: they must match")
     mask = mask.to(logprobs.dtype)
@@ -86,11 +85,7 @@ def compute(name: str, *, logprobs: Tensor, old_logprobs: Tensor, advantages: Te
 
     per_token, clipped = fn(logprobs, old_logprobs, advantages, mask, **params)
 
-    if behavior_logprobs is not None and tis_cap:
-        w = torch.exp((old_logprobs - behavior_logprobs.detach()).clamp(max=20.0)).clamp(max=float(tis_cap))
-        tis_clip = (torch.exp((old_logprobs - behavior_logprobs).clamp(max=20.0)) > tis_cap).to(mask.dtype)
-    else:
-        w, tis_clip = torch.ones_like(mask), torch.zeros_like(mask)
+    w = torch.ones_like(mask) if token_weights is None else token_weights.detach().to(mask.dtype)
     red = dict(total_tokens=total_tokens, total_seqs=total_seqs)
     pg_loss = aggregate(per_token * w, mask, agg, **red)
     loss = pg_loss
@@ -105,8 +100,6 @@ def compute(name: str, *, logprobs: Tensor, old_logprobs: Tensor, advantages: Te
         "ratio_mean": tmean(torch.exp(log_ratio)),
         "ratio_max": float(torch.where(mask > 0, torch.exp(log_ratio), torch.zeros_like(mask)).max()) if mask.numel() else 0.0,
         "approx_kl": tmean(torch.exp(-log_ratio) + log_ratio - 1),   # k3 of pi_theta vs pi_prox
-        "tis_mean": tmean(w),
-        "tis_clip_frac": tmean(tis_clip),
     }
     if ref_logprobs is not None and kl_coef:
         kl = kl_mod.compute(kl_estimator, logprobs=logprobs, ref_logprobs=ref_logprobs.detach())

@@ -130,12 +130,13 @@ class Pipeline:
             self.graph.async_ = AsyncConfig(**{**(cfg or {}), **kw})
         return self.graph.async_
 
-    def node(self, name: str, op: str, *, pool: str | None = None, replicas: int = 1,
+    def node(self, name: str, op: str, *, pool: str | None = None, replicas: int = 1, devices: int = 1,
              params: dict[str, Any] | None = None, **kw_params: Any) -> NodeRef:
-        """Add a node; params come as `params=` and/or keyword arguments."""
+        """Add a node; params come as `params=` and/or keyword arguments. `devices` is per replica."""
         if name in self.graph.nodes:
             raise ValueError(f"node {name!r} already exists")
-        self.graph.nodes[name] = Node(name=name, op=op, params=_plain({**(params or {}), **kw_params}), pool=pool, replicas=replicas)
+        self.graph.nodes[name] = Node(name=name, op=op, params=_plain({**(params or {}), **kw_params}), pool=pool,
+                                      replicas=replicas, devices=devices)
         return NodeRef(self, name)
 
     def connect(self, src: str, src_port: str, dst: str, dst_port: str, **options: Any) -> Edge:

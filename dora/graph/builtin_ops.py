@@ -14,6 +14,13 @@ def _params(*specs: ParamSpec) -> dict[str, ParamSpec]:
     return {s.name: s for s in specs}
 
 
+# How a sharded model (update, critic, reference: `replicas` ranks of one FSDP group) computes.
+PRECISION = P("precision", "str", "fp32", "fp32, or bf16 compute with fp32 master weights and gradient reduction "
+              "(FSDP2 MixedPrecisionPolicy; torch.autocast on one rank)", choices=("fp32", "bf16"))
+ACTIVATION_CHECKPOINTING = P("activation_checkpointing", "bool", False,
+                             "recompute each transformer block's activations in backward (less memory, ~1/3 more compute)")
+
+
 DATASET = OpSpec(
     name="dataset",
     doc="Source of prompts: one row per prompt, repeated group_size times per group",
@@ -49,10 +56,13 @@ GENERATE = OpSpec(
         P("max_batch", "int", 64, "maximum concurrent sequences per replica", min=1),
         P("weight_sync", "str", "file", "how new weights arrive: safetensors file, or torch.distributed broadcast from the trainer",
           choices=("file", "broadcast")),
+        P("dtype", "str", "float32", "vllm engine: weights and compute dtype (bfloat16 on GPUs; the torch engine "
+          "computes in float32)", choices=("float32", "bfloat16", "float16")),
     ),
     impl="dora.ops.generate:GenerateOp",
     check="dora.ops.generate:check_params",
     is_generate=True,
+    devices_check="dora.ops.generate:devices_problem",
 )
 
 REWARD = OpSpec(
@@ -76,8 +86,10 @@ REFERENCE = OpSpec(
     inputs=(PortSpec("trajectories", ("prompt_ids", "response_ids")),),
     adds=("ref_logprobs",),
     params=_params(P("micro_batch_tokens", "int", 4096, "tokens per forward micro-batch", min=1),
-                   P("temperature", "float?", None, "logprob temperature (null = the generate node's)", min=0)),
+                   P("temperature", "float?", None, "logprob temperature (null = the generate node's)", min=0),
+                   PRECISION),
     impl="dora.ops.reference:ReferenceOp",
+    sharded=True,
 )
 
 CRITIC = OpSpec(
@@ -92,8 +104,10 @@ CRITIC = OpSpec(
         P("value_clip", "float", 0.2, "value clipping range", min=0),
         P("micro_batch_tokens", "int", 4096, "tokens per forward/backward micro-batch", min=1),
         P("grad_clip", "float", 1.0, "gradient norm clip", min=0),
+        PRECISION, ACTIVATION_CHECKPOINTING,
     ),
     impl="dora.ops.critic:CriticOp",
+    sharded=True,
 )
 
 ADVANTAGE = OpSpec(
@@ -146,7 +160,8 @@ UPDATE = OpSpec(
         P("clip_eps_high", "float?", None, "PPO clip range high side (null = clip_eps)", min=0),
         P("dual_clip", "float?", None, "dual-clip constant c > 1 (null = off)", min=1.000001),
         P("agg", "str", "token_mean", "loss aggregation", names_from="dora.algos.losses:AGGS"),
-        P("tis_cap", "float", 2.0, "truncated importance-sampling cap (0 = off)", min=0),
+        P("off_policy", "dict", {"name": "ess_lr", "cap": 2.0, "power": 0.5},
+          "off-policy correction of stale tokens: {name: none|tis|icepop|m2po|ess_lr|decoupled, <its params>} (dora/algos/off_policy.py)"),
         P("kl_coef", "float", 0.0, "KL loss coefficient (needs ref_logprobs when > 0)", min=0),
         P("kl_estimator", "str", "k3", "KL estimator for the loss", names_from="dora.algos.kl:KL_ESTIMATORS"),
         P("entropy_coef", "float", 0.0, "entropy bonus coefficient", min=0),
@@ -156,10 +171,12 @@ UPDATE = OpSpec(
         P("weight_sync", "str", "file", "also broadcast each version to the generate replicas (torch.distributed)",
           choices=("file", "broadcast")),
         P("broadcast_to", "int", 0, "generate replicas that receive the broadcast (0 = the generate node's replicas)", min=0),
+        PRECISION, ACTIVATION_CHECKPOINTING,
     ),
     impl="dora.ops.update:UpdateOp",
     check="dora.ops.update:check_params",
     is_update=True,
+    sharded=True,
     when=(When("kl_coef", (0, 0.0), needs=("ref_logprobs",), negate=True),),
 )
 

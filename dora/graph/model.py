@@ -72,6 +72,9 @@ class Node:
     pool: str | None = None
     replicas: int = 1
     inputs: dict[str, Edge] = dataclasses.field(default_factory=dict)  # dst_port -> edge
+    # Devices each replica holds (a tensor-parallel group for generate on vllm). For a sharded op
+    # (update, critic, reference) `replicas` is the rank count of ONE process group, one device per rank.
+    devices: int = 1
     loc: SourceLoc = dataclasses.field(default_factory=SourceLoc, compare=False)
 
 

@@ -169,6 +169,12 @@ class OpSpec:
     # op's code: "pkg.module:function", filled params -> [(param, problem)]. Imported only when a
     # pipeline is checked, after every single param checked out.
     check: str | None = None
+    # Scale-out. sharded: the node's `replicas` are the ranks of ONE torch.distributed group (FSDP)
+    # that acts as one replica on the data edges (rank 0 takes the input and reports). devices_check:
+    # an op whose replica may hold several devices (a tensor-parallel group) names a function
+    # "pkg.module:function", (filled params, devices) -> problem | None; without one, devices is 1.
+    sharded: bool = False
+    devices_check: str | None = None
 
     @property
     def is_source(self) -> bool:
@@ -205,6 +211,8 @@ class OpSpec:
             "params": [p.describe() for p in self.params.values()],
             "is_update": self.is_update,
             "is_generate": self.is_generate,
+            "sharded": self.sharded,
+            "devices_check": self.devices_check,
         }
 
 

@@ -1,6 +1,6 @@
 """`print(graph)`: a graph in a few aligned lines, as torch.fx prints its graphs.
 
-One line per pool, one per node (name = op(inputs), replicas, pool; non-default edge options in
+One line per pool, one per node (name = op(inputs), replicas and devices, pool; non-default edge options in
 brackets), one per weights edge, then the async and run sections. Text only: the YAML stays the
 round-trip format (dora.graph.yaml_io).
 """
@@ -9,8 +9,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from dora.graph.model import Edge, Graph
+from dora.graph.model import Edge, Graph, Node
 from dora.graph.sections import section_specs
+
+
+def scale_text(n: Node) -> str:
+    """How many of a node run and on what: "x2", "x2, 4 devices each" (a TP group per replica),
+    "x4 ranks" (a sharded op: one process group of 4 ranks). Built-in ops only are looked up:
+    printing never imports a user op."""
+    from dora.graph.opspec import builtin_ops
+
+    spec = builtin_ops().get(n.op) if isinstance(n.op, str) else None
+    if spec is not None and spec.sharded and n.replicas != 1:
+        text = f"x{n.replicas} ranks"
+    else:
+        text = f"x{n.replicas}"
+    if n.devices != 1:
+        text += f", {n.devices} devices each"
+    return text
 
 
 def _edge(port: str, e: Edge) -> str:
@@ -40,7 +56,7 @@ def format_graph(g: Graph) -> str:
         rows = []
         for name, n in g.nodes.items():
             ins = ", ".join(_edge(port, e) for port, e in n.inputs.items())
-            rows.append((f"%{name}", "=", f"{n.op}({ins})", f"x{n.replicas}", f"pool {n.pool or '-'}"))
+            rows.append((f"%{name}", "=", f"{n.op}({ins})", scale_text(n), f"pool {n.pool or '-'}"))
         lines += _table(rows)
     if g.weights:
         lines.append(" weights:")

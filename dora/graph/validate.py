@@ -14,7 +14,7 @@ import networkx as nx
 
 from dora.graph.diagnostics import Diagnostic, GraphError, error, errors_of, warning
 from dora.graph.model import ROUTINGS, Graph
-from dora.graph.opspec import OpSpec, builtin_ops, did_you_mean, param_problems
+from dora.graph.opspec import OpSpec, builtin_ops, did_you_mean, fill_params, import_object, param_problems
 from dora.graph.resolve import settings_problems
 from dora.graph.schema import Schemas, propagate, resolve_all
 
@@ -36,7 +36,7 @@ def validate(g: Graph) -> list[Diagnostic]:
     diags: list[Diagnostic] = []
     specs, op_errors = resolve_all(g)
     _check_name(g, diags)
-    _check_pools(g, diags)
+    _check_pools(g, specs, diags)
     _check_nodes(g, specs, op_errors, diags)
     _check_inputs(g, specs, diags)
     on_cycle = _check_cycles(g, specs, diags)
@@ -53,31 +53,44 @@ def _check_name(g: Graph, diags: list[Diagnostic]) -> None:
         diags.append(error(f"pipeline 'name' must be a non-empty string, got {g.name!r}", g.loc_of("name")))
 
 
-def _check_pools(g: Graph, diags: list[Diagnostic]) -> None:
+def _check_pools(g: Graph, specs: dict[str, OpSpec | None], diags: list[Diagnostic]) -> None:
     for name, p in g.pools.items():
         if p.device not in DEVICES:
             diags.append(error(f"pool {name!r}: device must be one of {list(DEVICES)}, got {p.device!r}", g.loc_of(f"pools.{name}.device")))
         if not _is_int(p.count) or p.count < 1:
             diags.append(error(f"pool {name!r}: count must be a positive int, got {p.count!r}", g.loc_of(f"pools.{name}.count")))
-    used: dict[str, list[tuple[str, int]]] = {}
+    used: dict[str, list[tuple[str, int, int]]] = {}
     for n, node in g.nodes.items():
         if node.pool is None:
+            continue
+        loc = g.loc_of(f"nodes.{n}.pool")
+        if not isinstance(node.pool, str):
+            spec = specs.get(n)
+            if spec is not None and spec.sharded and isinstance(node.pool, (list, tuple)):
+                diags.append(error(
+                    f"the ranks of {spec.name} node {n!r} would span pools {list(node.pool)}: its {node.replicas} ranks "
+                    "form one torch.distributed group (FSDP), which lives in one pool", loc, node=n,
+                    hint=f"declare one pool with count >= {node.replicas} and name it here"))
+            else:
+                diags.append(error(f"pool must be the name of one pool, got {node.pool!r}", loc, node=n,
+                                   hint=f"defined pools: {', '.join(g.pools) or 'none'}"))
             continue
         if node.pool not in g.pools:
             hint = did_you_mean(str(node.pool), list(g.pools)) or (
                 f"defined pools: {', '.join(g.pools)}" if g.pools else f"define it under pools: {{{node.pool}: {{device: cpu, count: 1}}}}")
-            diags.append(error(f"pool {node.pool!r} is not defined", g.loc_of(f"nodes.{n}.pool"), node=n, hint=hint))
-        elif _is_int(node.replicas):
-            used.setdefault(node.pool, []).append((n, node.replicas))
+            diags.append(error(f"pool {node.pool!r} is not defined", loc, node=n, hint=hint))
+        elif _is_int(node.replicas) and _is_int(node.devices):
+            used.setdefault(node.pool, []).append((n, node.replicas, node.devices))
     for pool, users in used.items():
         count = g.pools[pool].count
-        total = sum(r for _, r in users)
+        total = sum(r * d for _, r, d in users)
         if _is_int(count) and total > count:
-            who = ", ".join(f"{n} ({r})" for n, r in users)
+            who = ", ".join(f"{n} ({r})" if d == 1 else f"{n} ({r} x {d} devices = {r * d})" for n, r, d in users)
             diags.append(error(
-                f"pool {pool!r} is oversubscribed: its nodes ask for {total} replicas ({who}) but it has count {count}",
+                f"pool {pool!r} is oversubscribed: its nodes need {total} devices, replicas x devices ({who}), "
+                f"but it has count {count}",
                 g.loc_of(f"pools.{pool}"),
-                hint=f"raise pools.{pool}.count to {total} or lower the replicas",
+                hint=f"raise pools.{pool}.count to {total} or lower the replicas or devices",
             ))
 
 
@@ -87,6 +100,9 @@ def _check_nodes(g: Graph, specs: dict[str, OpSpec | None], op_errors: dict[str,
             diags.append(error("node names must start with a letter or '_' and hold only letters, digits, '_' and '-'", node.loc, node=n))
         if not _is_int(node.replicas) or node.replicas < 1:
             diags.append(error(f"replicas must be a positive int, got {node.replicas!r}", g.loc_of(f"nodes.{n}.replicas"), node=n))
+        if not _is_int(node.devices) or node.devices < 1:
+            diags.append(error(f"devices must be a positive int (devices per replica), got {node.devices!r}",
+                               g.loc_of(f"nodes.{n}.devices"), node=n))
         if n in op_errors:
             diags.append(error(op_errors[n], g.loc_of(f"nodes.{n}.op"), node=n, hint="`dora ops` lists the built-in ops"))
         spec = specs.get(n)
@@ -95,10 +111,30 @@ def _check_nodes(g: Graph, specs: dict[str, OpSpec | None], op_errors: dict[str,
         if not isinstance(node.params, dict):
             diags.append(error(f"params must be a mapping, got {node.params!r}", g.loc_of(f"nodes.{n}.params"), node=n))
             continue
-        for p in param_problems(spec, node.params):
+        problems = param_problems(spec, node.params)
+        for p in problems:
             diags.append(error(p.message, g.loc_of(f"nodes.{n}.params.{p.key}"), node=n, hint=p.hint))
+        if not problems and _is_int(node.devices) and node.devices > 1:
+            _check_devices(g, n, spec, diags)
         if spec.is_source and node.replicas not in (1,) and _is_int(node.replicas):
             diags.append(warning(f"source op {spec.name!r} with {node.replicas} replicas emits the data {node.replicas} times", node.loc, node=n))
+
+
+def _check_devices(g: Graph, n: str, spec: OpSpec, diags: list[Diagnostic]) -> None:
+    """devices > 1: a sharded op's ranks hold one device each; other ops only if they declare how
+    they use several (generate: a tensor-parallel group, on engines that can)."""
+    node, loc = g.nodes[n], g.loc_of(f"nodes.{n}.devices")
+    if spec.sharded:
+        diags.append(error(
+            f"devices: {node.devices} on {spec.name} node: each rank of its process group holds one device",
+            loc, node=n, hint=f"replicas: {node.replicas * node.devices} gives one group of that many ranks"))
+    elif spec.devices_check is None:
+        diags.append(error(f"devices: {node.devices}: op {spec.name!r} runs each replica on one device", loc, node=n,
+                           hint="use replicas for more copies"))
+    else:
+        problem = import_object(spec.devices_check)(fill_params(spec, node.params, checked=True), node.devices)
+        if problem:
+            diags.append(error(problem, loc, node=n))
 
 
 def _check_inputs(g: Graph, specs: dict[str, OpSpec | None], diags: list[Diagnostic]) -> None:

@@ -47,6 +47,11 @@ class OpContext:
     async_: AsyncSettings = dataclasses.field(default_factory=AsyncSettings)  # after the mode's rules
     # A resumed run: this replica's part of the checkpoint it starts from (None: a fresh start).
     restore: dict[str, Any] | None = None
+    devices: int = 1               # devices this replica holds (generate on vllm: its tensor-parallel size)
+    # A sharded op with replicas > 1 (update, critic, reference): replica = rank, replicas = ranks of
+    # one process group. Rank 0 gets {"host", "port": 0}, binds a port there and reports
+    # {"kind": "rendezvous", "host", "port"}; the other ranks get that address. None: one rank.
+    rendezvous: dict[str, Any] | None = None
     # Set by the worker: send an event to the controller (metrics, weights published, ...).
     report: Callable[[dict[str, Any]], None] = lambda event: None
     # Set by the worker: "still working". Call it inside long loops (a micro-batch, an engine step):

@@ -48,7 +48,7 @@ class GenerateOp(Operator):
         # weights from the run seed (identical to the trainer's start); sampling differs per replica
         self.engine, self.tokenizer = make_engine(p, ctx.model, device=ctx.device, model_seed=ctx.seed,
                                                   sample_seed=ctx.seed * 1000 + ctx.replica + 1,
-                                                  run_dir=ctx.run_dir, label=ctx.label)
+                                                  run_dir=ctx.run_dir, label=ctx.label, devices=ctx.devices)
         self.stop_ids = stop_token_ids(p["stop"], self.tokenizer, ctx.label)
         self.sampling = {k: p[k] for k in ("temperature", "top_p", "top_k", "max_tokens")}
         self.in_fields: dict[str, pa.Field] = {}   # pass-through columns seen so far, in order
@@ -191,7 +191,18 @@ def check_params(p: dict[str, Any]) -> list[tuple[str, str]]:
     """Rules across generate's params (dora validate runs them; see OpSpec.check)."""
     if p["weight_sync"] == "broadcast" and p["engine"] != "torch":
         return [("weight_sync", "weight_sync: broadcast needs engine: torch (vllm loads weights from files)")]
+    if p["dtype"] != "float32" and p["engine"] != "vllm":
+        return [("dtype", f"dtype {p['dtype']!r} applies to engine: vllm; the torch engine computes in float32")]
     return []
+
+
+def devices_problem(p: dict[str, Any], devices: int) -> str | None:
+    """A generate replica with devices > 1 is a tensor-parallel group: only vLLM shards a model so
+    (tensor_parallel_size = devices); the torch engine runs a replica on one device."""
+    if devices > 1 and p["engine"] != "vllm":
+        return (f"devices: {devices} asks for tensor parallelism, which engine {p['engine']!r} cannot do "
+                "(it runs a replica on one device); use engine: vllm, or devices: 1 and more replicas")
+    return None
 
 
 def stop_token_ids(stop: list[str], tokenizer, label: str) -> list[int]:
@@ -207,14 +218,17 @@ def stop_token_ids(stop: list[str], tokenizer, label: str) -> list[int]:
 
 
 def make_engine(params: dict[str, Any], model_cfg: dict[str, Any], *, device: str = "cpu", model_seed: int = 0,
-                sample_seed: int = 0, run_dir: str | None = None, label: str = "generate") -> tuple[Engine, Any]:
-    """(engine, tokenizer) for the generate op's params and the pipeline's model section."""
+                sample_seed: int = 0, run_dir: str | None = None, label: str = "generate",
+                devices: int = 1) -> tuple[Engine, Any]:
+    """(engine, tokenizer) for the generate op's params and the pipeline's model section; `devices` > 1
+    is a tensor-parallel group (vllm only: validation refuses it for the torch engine)."""
     from dora.ops.models import load_policy
 
     if params["engine"] == "vllm":
         from dora.ops.engines.vllm_engine import VllmEngine
         return VllmEngine.from_model_cfg(model_cfg, max_batch=params["max_batch"], model_seed=model_seed,
-                                         sample_seed=sample_seed, run_dir=run_dir, label=label)
+                                         sample_seed=sample_seed, run_dir=run_dir, label=label,
+                                         tensor_parallel_size=devices, dtype=params["dtype"])
     from dora.ops.engines.torch_engine import TorchEngine
     model, tok = load_policy(model_cfg, device, seed=model_seed)
     return TorchEngine(model, version=0, max_batch=params["max_batch"], seed=sample_seed), tok

@@ -68,12 +68,16 @@ def tiny_config(model_cfg: dict) -> dict:
     if cfg["tokenizer"] != "chars":
         raise ModelConfigError(f"model.tokenizer {cfg['tokenizer']!r}: a tiny model uses tokenizer: chars")
     for k in ("hidden", "layers", "heads", "kv_heads", "intermediate", "max_positions"):
-        if not isinstance(cfg[k], int) or cfg[k] <= 0:
+        if not isinstance(cfg[k], int) or isinstance(cfg[k], bool) or cfg[k] <= 0:
             raise ModelConfigError(f"model.{k} must be a positive integer, got {cfg[k]!r}")
+    if not isinstance(cfg["vocab"], int) or isinstance(cfg["vocab"], bool) or cfg["vocab"] < 0:
+        raise ModelConfigError(f"model.vocab must be a whole number >= 0 (0 = the tokenizer's size), got {cfg['vocab']!r}")
     if cfg["hidden"] % cfg["heads"] or cfg["heads"] % cfg["kv_heads"]:
         raise ModelConfigError("model: hidden must divide by heads and heads by kv_heads "
                                f"(got hidden={cfg['hidden']} heads={cfg['heads']} kv_heads={cfg['kv_heads']})")
-    if not isinstance(cfg["init_std"], (int, float)) or cfg["init_std"] <= 0:
+    if not isinstance(cfg["tie_embeddings"], bool):
+        raise ModelConfigError(f"model.tie_embeddings must be true or false, got {cfg['tie_embeddings']!r}")
+    if not isinstance(cfg["init_std"], (int, float)) or isinstance(cfg["init_std"], bool) or cfg["init_std"] <= 0:
         raise ModelConfigError(f"model.init_std must be a positive number, got {cfg['init_std']!r}")
     return cfg
 

@@ -1,6 +1,8 @@
 """Update op: the trainer. Trains one step whenever it can take exactly train_batch trajectories in
 whole groups (oldest policy_version first), publishes each new version on the weights edge, keeps
-the trained.jsonl ledger, and checkpoints when asked. Contract: docs/architecture.md, "Training ops"."""
+the trained.jsonl ledger, and checkpoints when the driver asks. `replicas: N` makes one trainer of
+N ranks (FSDP2, dora/ops/sharding): rank 0 chooses, splits and reports; ranks 1.. follow its
+commands. Contract: docs/architecture.md, "Training ops" and "Sharded ops"."""
 
 from __future__ import annotations
 
@@ -14,16 +16,21 @@ from typing import Any, Callable, Iterable
 import pyarrow as pa
 import torch
 
-from dora.algos import losses
+from dora.algos import losses, off_policy
 from dora.algos.schedule import lr_at
-from dora.ops.weights import pretrained, versions as weights
-from dora.ops.base import OpContext, Operator
-from dora.ops.batching import collate, concat_rows, micro_batches, pad_lists, require_columns
+from dora.ops.base import OpContext
+from dora.ops.batching import collate, concat_rows, micro_batches, pad_lists, require_columns, response_mask
 from dora.ops.logprobs import response_logprobs
+from dora.ops.sharding.fsdp_model import ShardedModel
+from dora.ops.sharding.sharded_op import ShardedOp
+from dora.ops.weights import pretrained, versions as weights
 from dora.ops.weights.broadcast import WeightBroadcaster
 
 NEEDS = ["uid", "prompt_ids", "response_ids", "behavior_logprobs", "advantages", "policy_version", "group_id"]
 OPTIONAL = ["reward", "ref_logprobs"]
+TRAIN_COLUMNS = ["prompt_ids", "response_ids", "behavior_logprobs", "advantages", "ref_logprobs"]  # what ranks 1.. get
+
+TRAINER_STATE = "trainer_state.pt"   # in a checkpoint folder: step, version, RNG (rank 0's)
 
 ModelFactory = Callable[[dict, str, int], tuple[Any, Any]]
 
@@ -36,8 +43,27 @@ def loss_params(p: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def off_policy_of(spec: Any) -> tuple[str, dict[str, Any]]:
+    """(name, params) of the `off_policy` param {name: ..., <that correction's params>}; ValueError
+    naming what is wrong, after a dry run on one token (so a bad value fails at validate)."""
+    names = ", ".join(off_policy.OFF_POLICY.names())
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise ValueError(f"off_policy must be a mapping {{name: <{names}>, <its params>}}, got {spec!r}")
+    name, params = spec["name"], {k: v for k, v in spec.items() if k != "name"}
+    try:
+        one = torch.zeros(1, 1)
+        off_policy.compute(name, prox_logprobs=one, behavior_logprobs=one, mask=torch.ones(1, 1), **params)
+    except (ValueError, TypeError, KeyError) as e:
+        raise ValueError(f"off_policy: {str(e).strip(chr(39))}") from None
+    return name, params
+
+
 def check_params(p: dict[str, Any]) -> list[tuple[str, str]]:
     """Rules across update's params (dora validate runs them; see OpSpec.check)."""
+    try:
+        off_policy_of(p["off_policy"])
+    except ValueError as e:
+        return [("off_policy", str(e))]
     try:
         losses.LOSSES.check_params(p["loss"], loss_params(p))
     except ValueError as e:
@@ -54,7 +80,7 @@ def default_model_factory(model_cfg: dict, device: str, seed: int):
     return load_policy(model_cfg, device, seed=seed)
 
 
-class UpdateOp(Operator):
+class UpdateOp(ShardedOp):
     control_methods = ("train_ready", "stats", "save_checkpoint")
 
     def __init__(self, model_factory: ModelFactory | None = None):
@@ -66,16 +92,23 @@ class UpdateOp(Operator):
         p = self.p = ctx.params
         label = ctx.label
         self.loss_params = loss_params(p)
+        try:
+            self.correction, self.correction_params = off_policy_of(p["off_policy"])
+        except ValueError as e:
+            raise ValueError(f"{label}: {e}") from None
         self.train_batch = ctx.async_.train_batch
         if not ctx.run_dir:
             raise ValueError(f"{label}: update needs a run_dir for weights and checkpoints")
         # keep the versions the rollout window can still be loading, plus one being written
         self.keep_versions = ctx.async_.max_staleness + 2
+        self.join_group(ctx)     # replicas: N = one trainer of N ranks
         torch.manual_seed(ctx.seed)
-        self.model, self.tokenizer = self.model_factory(ctx.model, ctx.device, ctx.seed)
-        self.model.to(ctx.device)
-        self.model.train()
-        self.params = [q for q in self.model.parameters() if q.requires_grad]
+        model, self.tokenizer = self.model_factory(ctx.model, ctx.device, ctx.seed)
+        model.train()
+        self.sharded = ShardedModel(model, self.group, ctx.device, precision=p["precision"],
+                                    activation_checkpointing=p["activation_checkpointing"])
+        self.model = self.sharded.module
+        self.params = self.sharded.params()
         self.optimizer = torch.optim.AdamW(self.params, lr=p["lr"], weight_decay=p["weight_decay"])
         self.temperature = p["temperature"]   # null in the YAML: resolved to the generate node's
         self.pad_id = int(getattr(self.tokenizer, "pad_token_id", 0) or 0)
@@ -85,23 +118,25 @@ class UpdateOp(Operator):
         self.done = False
         self.dropped_rows = 0
         self.last_saved_step = -1
-        os.makedirs(ctx.run_dir, exist_ok=True)
-        if ctx.restore:
-            self._restore(ctx.restore["checkpoint"])
-        # The trainer's own ledger; a resumed run appends, marking where it rolled back to: steps after
-        # the checkpoint that a dead run had trained are superseded by the lines that follow the mark.
-        self.ledger = open(os.path.join(ctx.run_dir, "trained.jsonl"), "a" if ctx.restore else "w", encoding="utf-8")
-        if ctx.restore:
-            self.ledger.write(json.dumps({"resumed_from_step": self.step, "version": self.version}) + "\n")
-            self.ledger.flush()
+        self.ledger = None
         self.broadcaster: WeightBroadcaster | None = None
         self.last_broadcast: dict[str, float] = {}
-        if p["weight_sync"] == "broadcast":
-            # blocks until every generate replica joined (or raises after the rendezvous deadline)
-            self.broadcaster = WeightBroadcaster(ctx.run_dir, p["broadcast_to"], ctx.device, label=label)
+        if ctx.restore:   # every rank: its shards of the model and optimizer (collective)
+            self._restore(ctx.restore["checkpoint"])
+        if self.leader:
+            os.makedirs(ctx.run_dir, exist_ok=True)
+            # The trainer's own ledger; a resumed run appends, marking where it rolled back to: steps after
+            # the checkpoint that a dead run had trained are superseded by the lines that follow the mark.
+            self.ledger = open(os.path.join(ctx.run_dir, "trained.jsonl"), "a" if ctx.restore else "w", encoding="utf-8")
+            if ctx.restore:
+                self.ledger.write(json.dumps({"resumed_from_step": self.step, "version": self.version}) + "\n")
+                self.ledger.flush()
+            if p["weight_sync"] == "broadcast":
+                # blocks until every generate replica joined (or raises after the rendezvous deadline)
+                self.broadcaster = WeightBroadcaster(ctx.run_dir, p["broadcast_to"], ctx.device, label=label)
         self._publish(seconds_train=None)
 
-    # ------------------------------------------------------------------ data in
+    # ------------------------------------------------------------------ data in (rank 0)
     def process(self, batch: pa.RecordBatch, port: str) -> Iterable[pa.RecordBatch]:
         if self.done:
             self.dropped_rows += batch.num_rows
@@ -119,10 +154,11 @@ class UpdateOp(Operator):
 
     def finish(self) -> Iterable[pa.RecordBatch]:
         self.save_checkpoint()
+        self.end_group()
         return ()
 
     def save_checkpoint(self, folder: str | None = None) -> dict:
-        """Write the step just trained: a transformers folder plus trainer/ (optimizer, lr step, RNG).
+        """Rank 0 (a control call, or at the end): every rank writes the step just trained.
 
         `folder`: the run's staged checkpoint, to which the driver adds the rest of the run state
         (dora/runtime/checkpoint.py); None: checkpoints/step_N on its own (temp folder + rename).
@@ -130,27 +166,17 @@ class UpdateOp(Operator):
         if self.step == 0 or (folder is None and self.last_saved_step == self.step):
             return {"step": self.step, "folder": None}
         final = folder or pretrained.checkpoint_dir(self.ctx.run_dir, self.step)
-        target = folder or f"{final}.tmp{os.getpid()}"
-        os.makedirs(target, exist_ok=True)
-        pretrained.write_pretrained(self.model, self.tokenizer, target, {"step": self.step, "version": self.version})
-        os.makedirs(os.path.join(target, "trainer"), exist_ok=True)
-        torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step, "version": self.version,
-                    "rng": torch.get_rng_state()}, os.path.join(target, "trainer", "state.pt"))
+        target = folder or f"{final}.tmp"
+        if folder is None:
+            shutil.rmtree(target, ignore_errors=True)
+        os.makedirs(target, exist_ok=True)   # before any rank writes into it
+        if self.group is not None:
+            self.group.post("checkpoint", {"folder": target})
+        self._checkpoint(target)
         if folder is None:
             shutil.rmtree(final, ignore_errors=True)
             os.replace(target, final)
-        self.last_saved_step = self.step
         return {"step": self.step, "folder": final}
-
-    def _restore(self, folder: str) -> None:
-        """Continue from a checkpoint written by save_checkpoint: weights, optimizer, lr step, RNG."""
-        pretrained.load_pretrained_weights(self.model, folder)
-        state = torch.load(os.path.join(folder, "trainer", "state.pt"), weights_only=True)
-        self.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"])
-        self.step = self.last_saved_step = int(state["step"])
-        self.version = int(state["version"])
-        self.done = self.step >= self.p["steps"]
 
     def _select(self) -> list[int] | None:
         """Row indices of exactly train_batch rows in whole groups, preferring the oldest policy_version; or None."""
@@ -186,8 +212,16 @@ class UpdateOp(Operator):
     def train_ready(self) -> bool:
         return not self.done and self._select() is not None
 
+    # ------------------------------------------------------------------ ranks 1..: rank 0's commands
+    def on_train(self, header: dict[str, Any], cols: dict[str, list]) -> None:
+        self._run_step(cols, header, time.perf_counter())
+
+    def on_checkpoint(self, header: dict[str, Any], cols: dict[str, list]) -> None:
+        self._checkpoint(header["folder"])
+
     # ------------------------------------------------------------------ training
     def _train_step(self, chosen: list[int]) -> None:
+        """Rank 0: take the chosen rows, send each rank its share, train on our own."""
         t0 = time.perf_counter()
         p = self.p
         rows = self.buffer.take(chosen)
@@ -204,91 +238,206 @@ class UpdateOp(Operator):
         if any(v is None for v in cols["policy_version"]):
             raise ValueError(f"{self.ctx.label}: null policy_version in trajectories "
                              f"{[u for u, v in zip(cols['uid'], cols['policy_version']) if v is None][:5]}")
-        use_ref = p["kl_coef"] > 0 and "ref_logprobs" in cols
-        total_tokens = float(sum(lengths))
-        total_seqs = float(sum(1 for n in lengths if n))
-        mbs = micro_batches([len(a) + len(b) for a, b in zip(prompts, resps)], p["micro_batch_tokens"])
-        old: dict[int, torch.Tensor] = {}
-        sums: dict[str, float] = {}
-        weight_sum = 0.0
-        loss_total = 0.0
-        lr = lr_at(self.step, lr=p["lr"], warmup_steps=p["warmup_steps"], total_steps=p["total_steps"],
-                   min_lr_ratio=p["min_lr_ratio"])
-        grad_norms: list[float] = []
+        header = {
+            "lr": lr_at(self.step, lr=p["lr"], warmup_steps=p["warmup_steps"], total_steps=p["total_steps"],
+                        min_lr_ratio=p["min_lr_ratio"]),
+            "total_tokens": float(sum(lengths)), "total_seqs": float(sum(1 for n in lengths if n)),
+            "use_ref": p["kl_coef"] > 0 and "ref_logprobs" in cols,
+        }
+        _, header, mine = self.spread("train", header, rows.select([c for c in TRAIN_COLUMNS if c in cols]),
+                                      [len(a) + len(b) for a, b in zip(prompts, resps)], p["micro_batch_tokens"])
+        self._run_step(mine, header, t0, batch=cols)
+
+    def _run_step(self, cols: dict[str, list], header: dict[str, Any], t0: float, batch: dict[str, list] | None = None) -> None:
+        """Every rank: one optimizer step on its rows (collectives inside), then the version's
+        publication and the checkpoint, in the same order on every rank. `batch`: rank 0's whole batch."""
+        p = self.p
+        metrics = self._forward_backward(cols, header)
+        seconds_train = time.perf_counter() - t0
+        self.step += 1
+        self.version += 1
+        if self.leader:
+            staleness = [self.version - 1 - v for v in batch["policy_version"]]
+            total_tokens = header["total_tokens"]
+            metrics.update({
+                "staleness_max": max(staleness), "staleness_mean": sum(staleness) / len(staleness),
+                "tokens": int(total_tokens), "trajectories": len(batch["uid"]),
+                "response_len_mean": total_tokens / len(batch["uid"]), "train_ranks": self.ranks,
+            })
+            if "reward" in batch and all(r is not None for r in batch["reward"]):
+                metrics["reward_mean"] = sum(batch["reward"]) / len(batch["reward"])
+            self.ledger.write(json.dumps({"step": self.step, "version": self.version, "uids": batch["uid"],
+                                          "policy_versions": batch["policy_version"]}) + "\n")
+            self.ledger.flush()   # before the step is announced: a reader that saw train_step finds its line
+        self._publish(seconds_train)
+        if self.leader:
+            metrics.update(self.last_broadcast)
+            self.ctx.report({"kind": "train_step", "node": self.ctx.node, "step": self.step, "version": self.version,
+                             "uids": batch["uid"], "metrics": metrics, "seconds": seconds_train})
+        if self.step >= p["steps"]:
+            self.done = True
+            if self.leader:
+                self.ctx.report({"kind": "done", "node": self.ctx.node, "step": self.step, "version": self.version})
+
+    def _empty_pass(self) -> dict[str, list]:
+        """One row whose loss is exactly zero: a rank with fewer micro-batches than another runs
+        these, so every rank takes part in every parameter gather and gradient reduction."""
+        return {"prompt_ids": [[self.pad_id]], "response_ids": [[self.pad_id]], "behavior_logprobs": [[0.0]],
+                "advantages": [[0.0]], "ref_logprobs": [[0.0]]}
+
+    def _forward_backward(self, cols: dict[str, list], header: dict[str, Any]) -> dict[str, float]:
+        """The step's passes over this rank's rows and the optimizer step; metrics of the whole batch."""
+        p = self.p
+        prompts, resps = cols["prompt_ids"], cols["response_ids"]
+        mbs: list[Any] = micro_batches([len(a) + len(b) for a, b in zip(prompts, resps)], p["micro_batch_tokens"]) if prompts else []
+        if len(mbs) > header["micro_batches"]:
+            raise RuntimeError(f"{self.ctx.label}: {len(mbs)} micro-batches here, rank 0 planned {header['micro_batches']}")
+        mbs += [None] * (header["micro_batches"] - len(mbs))
         dev = self.ctx.device
+        old: dict[int, torch.Tensor] = {}
+        token_w: dict[int, torch.Tensor] = {}
+        step_corr: off_policy.Correction | None = None    # over the whole step (every rank's rows): lr_scale, metrics
+        # a batch-wide correction's weights depend on every token of the step: pi_prox of all of it
+        # first (the same count of passes on every rank: each is a collective when sharded)
+        if off_policy.is_batch_wide(self.correction) and (len(mbs) > 1 or self.ranks > 1):
+            with torch.no_grad():
+                for k, mb in enumerate(mbs):
+                    with self.sharded.compute():
+                        old[k] = response_logprobs(self.model, self._micro_batch(cols, mb), temperature=self.temperature)[0]
+            step_corr, token_w = self._correct_step(cols, mbs, old)
+        sums: dict[str, float] = {}
+        weight_sum = loss_total = 0.0
+        ratio_max = 0.0
+        grad_norms: list[float] = []
+        lr = header["lr"]
+        kw = dict(agg=p["agg"], entropy_coef=p["entropy_coef"], total_tokens=header["total_tokens"],
+                  total_seqs=header["total_seqs"], **self.loss_params)
         for epoch in range(p["ppo_epochs"]):
             self.optimizer.zero_grad(set_to_none=True)
             for k, mb in enumerate(mbs):
                 self.ctx.progress()   # a long step is still work: the stall watchdog sees each micro-batch
-                pb = collate([prompts[i] for i in mb], [resps[i] for i in mb], self.pad_id).to(dev)
+                pb = self._micro_batch(cols, mb)
                 T = pb.response_ids.shape[1]
-                logp, ent = response_logprobs(self.model, pb, temperature=self.temperature, with_entropy=True,
-                                              entropy_grad=p["entropy_coef"] != 0)
-                if epoch == 0:
+                with self.sharded.compute():
+                    logp, ent = response_logprobs(self.model, pb, temperature=self.temperature, with_entropy=True,
+                                                  entropy_grad=p["entropy_coef"] != 0)
+                if k not in old:
                     old[k] = logp.detach()
+                if k not in token_w:   # token by token: this micro-batch's rows alone decide them
+                    behav = pad_lists(self._rows(cols, mb)["behavior_logprobs"], T).to(dev)
+                    token_w[k] = off_policy.compute(self.correction, prox_logprobs=old[k], mask=pb.response_mask,
+                                                    behavior_logprobs=behav, **self.correction_params).weight
+                rows = self._rows(cols, mb)
                 extra = {}
-                if use_ref:
-                    extra = {"ref_logprobs": pad_lists([cols["ref_logprobs"][i] for i in mb], T).to(dev),
-                             "kl_coef": p["kl_coef"], "kl_estimator": p["kl_estimator"]}
+                if header["use_ref"]:
+                    extra = {"ref_logprobs": pad_lists(rows["ref_logprobs"], T).to(dev), "kl_coef": p["kl_coef"],
+                             "kl_estimator": p["kl_estimator"]}
                 loss, m = losses.compute(
-                    p["loss"], logprobs=logp, old_logprobs=old[k],
-                    advantages=pad_lists([cols["advantages"][i] for i in mb], T).to(dev), mask=pb.response_mask,
-                    agg=p["agg"], behavior_logprobs=pad_lists([cols["behavior_logprobs"][i] for i in mb], T).to(dev),
-                    tis_cap=p["tis_cap"], entropy=ent, entropy_coef=p["entropy_coef"],
-                    total_tokens=total_tokens, total_seqs=total_seqs, **extra, **self.loss_params)
+                    p["loss"], logprobs=logp, old_logprobs=old[k], advantages=pad_lists(rows["advantages"], T).to(dev),
+                    mask=pb.response_mask, token_weights=token_w[k], entropy=ent, **kw, **extra)
                 loss.backward()
                 loss_total += m["loss"]
                 w = m["tokens"]
                 weight_sum += w
+                ratio_max = max(ratio_max, m.get("ratio_max", 0.0))
                 for key, val in m.items():
-                    if key not in ("loss", "pg_loss", "tokens"):
-                        sums[key] = max(sums.get(key, 0.0), val) if key == "ratio_max" else sums.get(key, 0.0) + val * w
+                    if key not in ("loss", "pg_loss", "tokens", "ratio_max"):
+                        sums[key] = sums.get(key, 0.0) + val * w
+            if step_corr is None:   # every micro-batch's pi_prox is known once the first pass is over
+                step_corr, _ = self._correct_step(cols, mbs, old)
             clip = p["grad_clip"] if p["grad_clip"] and p["grad_clip"] > 0 else float("inf")
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
+            grad_norm = self.sharded.clip_grad_norm_(clip)   # of the whole model: the same on every rank
             grad_norms.append(grad_norm)
             for group in self.optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * step_corr.lr_scale
             if math.isfinite(grad_norm):
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        seconds_train = time.perf_counter() - t0
-
-        staleness = [self.version - v for v in cols["policy_version"]]
-        metrics = {key: (val if key == "ratio_max" else val / max(weight_sum, 1.0)) for key, val in sums.items()}
+        keys = sorted(sums)
+        if self.group is not None:   # the whole batch's sums: every rank has the same keys (same loss config)
+            loss_total, weight_sum, *vals = self.group.sum([loss_total, weight_sum] + [sums[k] for k in keys])
+            sums = dict(zip(keys, vals))
+            ratio_max = self.group.max([ratio_max])[0]
+        metrics = {key: val / max(weight_sum, 1.0) for key, val in sums.items()}
+        metrics.update(step_corr.metrics)
         metrics.update({
-            "loss": loss_total / p["ppo_epochs"], "lr": lr,
+            "loss": loss_total / p["ppo_epochs"], "lr": lr * step_corr.lr_scale, "ratio_max": ratio_max,
             "grad_norm": sum(grad_norms) / len(grad_norms),  # before clipping, mean over ppo_epochs
-            "staleness_max": max(staleness), "staleness_mean": sum(staleness) / len(staleness),
-            "tokens": int(total_tokens), "trajectories": len(chosen), "micro_batches": len(mbs),
-            "response_len_mean": total_tokens / len(chosen),
+            "micro_batches": header["micro_batches"],
             "skipped_nonfinite_grad": sum(not math.isfinite(g) for g in grad_norms),
         })
-        if "reward" in cols and all(r is not None for r in cols["reward"]):
-            metrics["reward_mean"] = sum(cols["reward"]) / len(cols["reward"])
-        self.step += 1
-        self.version += 1
-        self.ledger.write(json.dumps({"step": self.step, "version": self.version, "uids": cols["uid"],
-                                      "policy_versions": cols["policy_version"]}) + "\n")
-        self.ledger.flush()   # before the step is announced: a reader that saw train_step finds its line
-        self._publish(seconds_train)
-        metrics.update(self.last_broadcast)
-        self.ctx.report({"kind": "train_step", "node": self.ctx.node, "step": self.step, "version": self.version,
-                         "uids": cols["uid"], "metrics": metrics, "seconds": seconds_train})
-        if self.step >= p["steps"]:
-            self.done = True
-            self.ctx.report({"kind": "done", "node": self.ctx.node, "step": self.step, "version": self.version})
+        return metrics
+
+    def _rows(self, cols: dict[str, list], mb: list[int] | None) -> dict[str, list]:
+        return self._empty_pass() if mb is None else {c: [v[i] for i in mb] for c, v in cols.items()}
+
+    def _micro_batch(self, cols: dict[str, list], mb: list[int] | None):
+        rows = self._rows(cols, mb)
+        pb = collate(rows["prompt_ids"], rows["response_ids"], self.pad_id).to(self.ctx.device)
+        if mb is None:
+            pb.response_mask.zero_()
+        return pb
+
+    def _correct_step(self, cols: dict[str, list], mbs: list[Any], old: dict[int, torch.Tensor]
+                      ) -> tuple[off_policy.Correction, dict[int, torch.Tensor]]:
+        """The correction over the whole step, every rank's rows (gathered: lr_scale and batch-wide
+        thresholds must not depend on how rows were split), and this rank's token weights per micro-batch."""
+        mine: list[list[float]] = []   # log pi_prox - log pi_behav of each of this rank's rows, micro-batch order
+        for k, mb in enumerate(mbs):
+            for j, i in enumerate(mb or ()):
+                n = len(cols["response_ids"][i])
+                prox = old[k][j, :n].double().cpu()
+                mine.append((prox - torch.tensor(cols["behavior_logprobs"][i], dtype=torch.float64)).tolist())
+        every, offset = (mine, 0) if self.group is None else self.group.all_gather_rows(mine)
+        log_r = pad_lists(every)
+        mask = response_mask([len(r) for r in every], log_r.shape[1])
+        corr = off_policy.compute(self.correction, prox_logprobs=log_r, behavior_logprobs=torch.zeros_like(log_r),
+                                  mask=mask, **self.correction_params)
+        token_w, row = {}, offset
+        for k, mb in enumerate(mbs):   # this rank's rows sit at rows_before.. of the gathered step, in order
+            t = old[k].shape[1]
+            b = len(mb or ())
+            w = corr.weight[row: row + b, :t] if b else torch.zeros(old[k].shape)
+            token_w[k] = w.to(old[k].dtype).to(self.ctx.device)
+            row += b
+        return corr, token_w
 
     def _publish(self, seconds_train: float | None) -> None:
+        """Every rank (the weights are gathered); rank 0 writes the version and reports it."""
         t0 = time.perf_counter()
-        path, nbytes = weights.save_version(self.model.state_dict(), self.ctx.run_dir, self.version)
+        state = self.sharded.full_state_dict()
+        if not self.leader:
+            return
+        gathered = time.perf_counter() - t0
+        path, nbytes = weights.save_version(state, self.ctx.run_dir, self.version)
         weights.prune_versions(self.ctx.run_dir, self.keep_versions)
         event = {"kind": "weights", "node": self.ctx.node, "version": self.version, "path": path,
-                 "bytes": nbytes, "seconds": time.perf_counter() - t0}
+                 "bytes": nbytes, "seconds": time.perf_counter() - t0, "gather_s": gathered}
         if self.broadcaster is not None:
-            seconds, sent = self.broadcaster.broadcast(self.version, self.model.state_dict())
+            seconds, sent = self.broadcaster.broadcast(self.version, state)
             self.last_broadcast = {"broadcast_s": seconds, "broadcast_bytes": sent}
             event.update(self.last_broadcast)
         self.ctx.report(event)
+
+    def _checkpoint(self, folder: str) -> None:
+        """Every rank: the training state of this step into `folder` (collective): the full weights
+        (rank 0), every rank's shards of model and optimizer, and the trainer's step, version and RNG."""
+        pretrained.save_training_checkpoint(self.sharded, self.optimizer, self.tokenizer, folder,
+                                            {"step": self.step, "version": self.version, "ranks": self.ranks,
+                                             "precision": self.p["precision"]})
+        if self.leader:
+            torch.save({"step": self.step, "version": self.version, "rng": torch.get_rng_state()},
+                       os.path.join(folder, TRAINER_STATE))
+        self.last_saved_step = self.step
+
+    def _restore(self, folder: str) -> None:
+        """Every rank: continue from a checkpoint written by _checkpoint (any rank count: DCP reshards)."""
+        pretrained.load_training_checkpoint(self.sharded, self.optimizer, folder)
+        state = torch.load(os.path.join(folder, TRAINER_STATE), weights_only=True)
+        torch.set_rng_state(state["rng"])
+        self.step = self.last_saved_step = int(state["step"])
+        self.version = int(state["version"])
+        self.done = self.step >= self.p["steps"]
 
     def teardown(self) -> None:
         broadcaster = getattr(self, "broadcaster", None)
@@ -297,11 +446,10 @@ class UpdateOp(Operator):
         ledger = getattr(self, "ledger", None)
         if ledger is not None and not ledger.closed:
             ledger.close()
+        super().teardown()
 
     # ------------------------------------------------------------------ control
-    def live_stats(self) -> dict:
-        return {"version": self.version, "step": self.step}
-
     def stats(self) -> dict:
         return {"step": self.step, "version": self.version, "done": self.done, "train_batch": self.train_batch,
-                "buffered_rows": 0 if self.buffer is None else self.buffer.num_rows, "dropped_rows": self.dropped_rows}
+                "buffered_rows": 0 if self.buffer is None else self.buffer.num_rows, "dropped_rows": self.dropped_rows,
+                "train_ranks": self.ranks, **self.sharded.local_bytes(self.optimizer)}

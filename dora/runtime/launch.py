@@ -113,15 +113,20 @@ def run_main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             print(f"dora run: {e}", file=sys.stderr)
             return 2
-    from dora.runtime.placement import format_plan, plan as make_plan
+    from dora.runtime.placement import Inventory, format_plan, gpu_shortfall, plan as make_plan
+    machine = Inventory.detect()
     try:
-        plan = make_plan(graph)
+        plan = make_plan(graph)   # planning needs no device: the pools' own GPU count
     except ValueError as e:
         print(f"dora run: {args.pipeline}: cannot place the graph: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
-        print(format_plan(plan, args.backend))
+        print(format_plan(plan, args.backend, machine))
         return 0
+    short = gpu_shortfall(graph, machine) if args.backend == "local" else None
+    if short:
+        print(f"dora run: {args.pipeline}: {short}", file=sys.stderr)
+        return 2
     seed = args.seed if args.seed is not None else resolved.run.seed
     run_dir = args.out or resolved.run.out or os.path.join("runs", f"{graph.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if resume is None and not args.overwrite and _holds_a_run(run_dir):

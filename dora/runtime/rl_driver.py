@@ -332,7 +332,7 @@ class RLDriver:
         if node == self.roles.generate:
             name = f"{node}[{replica}]"
             rc.manager.instances[name].version = 0   # the new process holds the seeded initial weights
-            gids, revoked = rc.instance_lost(name)   # (no dispatch lands on it until it loads the newest)
+            gids, revoked = rc.instance_replaced(name)
         else:   # rows in its hands (or queued to it) are gone: every group not wholly scored goes again
             gids = [g for g, uids in self.open_groups.items() if not all(u in self.scored for u in uids)
                     and not (self.sent_batch and uids[0] in set(self.sent_batch["uids"]))]
@@ -340,8 +340,6 @@ class RLDriver:
         if revoked:
             self.pending_batch = None
         self._reissue(gids)
-        if node == self.roles.generate:
-            rc.instance_restarted(f"{node}[{replica}]")
 
     def _reissue(self, gids: list[str]) -> None:
         """Dispatch these groups again, first, as new groups (new group id and uids: rows of the old

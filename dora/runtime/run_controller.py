@@ -43,7 +43,7 @@ from dora.runtime.allocator import tune_malloc
 from dora.runtime.backends import Launch, get_backend
 from dora.runtime.channel import Delivery, Inbox, OutEdge, bind_router
 from dora.runtime.errors import CallError, ReplicaLost, RunFailed, WireError
-from dora.runtime.placement import Plan, plan as make_plan
+from dora.runtime.placement import Inventory, Plan, gpu_shortfall, plan as make_plan
 from dora.runtime.security import RunKeys
 
 CONTROLLER = "controller"  # the sender label of batches the controller forwards on managed edges
@@ -69,6 +69,7 @@ class _W:
     replica: int
     state: str = "starting"     # starting | configured | ready | running | finished
     pid: int | None = None
+    host: str | None = None     # the address it reported in hello (rank 0 of a group binds its rendezvous there)
     endpoint: str | None = None
     last_hb: float = 0.0
     rejected: int = 0
@@ -85,6 +86,16 @@ class _W:
     @property
     def label(self) -> str:
         return f"{self.node}[{self.replica}]"
+
+
+def _inventory(graph: Graph, backend: str) -> tuple[Inventory, str | None]:
+    """The devices a run plans on, and why this machine cannot hold them (local backend only: on
+    Ray the placement groups find GPUs anywhere in the cluster)."""
+    if backend != "local" or not any(p.device == "gpu" for p in graph.pools.values()):
+        return Inventory.planned(graph), None
+    machine = Inventory.detect()
+    problem = gpu_shortfall(graph, machine)
+    return (Inventory.planned(graph) if problem else machine), problem
 
 
 class Controller:
@@ -106,7 +117,9 @@ class Controller:
         self.hb_interval, self.hb_timeout, self.start_timeout_s = hb_interval, hb_timeout, start_timeout_s
         self.stall_timeout_s = stall_timeout_s
         self.stop_requested: str | None = None   # set (e.g. by a signal handler) to end the run cleanly
-        self.plan = make_plan(graph)
+        inventory, self.gpu_problem = _inventory(graph, backend)
+        self.plan = make_plan(graph, inventory)
+        self.rendezvous: dict[str, dict[str, Any]] = {}   # process group (node) -> {"host", "port"} its rank 0 bound
         self.backend_name, self.backend_options = backend, backend_options or {}
         self._own_run_dir = run_dir is None
         self.run_dir = run_dir
@@ -219,6 +232,8 @@ class Controller:
         self.ctrl.send_multipart([label.encode(), *wire.encode_control(msg, list(buffers))], copy=False)
 
     def _start(self) -> None:
+        if self.gpu_problem:
+            raise RunFailed(self.gpu_problem)
         if self.run_dir is None:
             self.run_dir = tempfile.mkdtemp(prefix="dora-run-")
         os.makedirs(os.path.join(self.run_dir, "logs"), exist_ok=True)
@@ -232,11 +247,12 @@ class Controller:
         self.ctrl, self.ctrl_endpoint = bind_router(self.zctx, self.backend.host)
         self.inbox = Inbox(self.zctx, self.backend.host) if self.managed else None
         for e in self.managed.values():
-            self.inbox.expect(e.label, e.src, [f"{e.src}[{r}]" for r in range(self.graph.nodes[e.src].replicas)],
+            self.inbox.expect(e.label, e.src, [f"{e.src}[{r}]" for r in range(self.plan.data_replicas(e.src))],
                               e.capacity, e.capacity_bytes)
         self.outs: dict[tuple[str, str], OutEdge] = {}
         launches = [Launch(r.node, r.replica, self.ctrl_endpoint, r.env, r.pool, r.kind, r.slot,
-                           os.path.join(self.run_dir, "logs", f"{r.node}-{r.replica}.log"), keys and keys.to_dict())
+                           os.path.join(self.run_dir, "logs", f"{r.node}-{r.replica}.log"), keys=keys and keys.to_dict(),
+                           devices=r.devices)
                     for r in self.plan.replicas]
         self.launches = {ln.label: ln for ln in launches}   # kept: a respawn starts the same replica again
         self.backend.start(launches)
@@ -248,7 +264,7 @@ class Controller:
             if self.stop_requested:
                 return   # stopped while starting: nothing to checkpoint yet
             if time.monotonic() > min(deadline, self.t_deadline):
-                late = [w.label for w in self.workers.values() if w.state != "ready"]
+                late = [w.label + self._waits_for(w) for w in self.workers.values() if w.state != "ready"]
                 raise RunFailed(f"workers not ready within {self.start_timeout_s:.0f} s: {late} "
                                 f"(dora run --start-timeout raises the bound; their logs are in {self.run_dir}/logs)")
             self._pump(50)
@@ -256,10 +272,10 @@ class Controller:
         for w in self.workers.values():
             self.plan.get(w.node, w.replica).endpoint = w.endpoint
         for e in self.managed.values():
-            eps = [self.workers[f"{e.dst}[{r}]"].endpoint for r in range(self.graph.nodes[e.dst].replicas)]
+            eps = [self.workers[f"{e.dst}[{r}]"].endpoint for r in range(self.plan.data_replicas(e.dst))]
             self.outs[(e.dst, e.dst_port)] = OutEdge(self.zctx, e.label, eps, CONTROLLER, "round_robin", None, e.capacity, e.capacity_bytes)
         for w in self.workers.values():
-            self._send_ctrl(w.label, self._wiring(w.node))
+            self._send_ctrl(w.label, self._wiring(w.node, w.replica))
             w.state = "running"
 
     def _config(self, w: _W) -> dict[str, Any]:
@@ -267,24 +283,62 @@ class Controller:
         return {"kind": "config", "op": n.op, "params": self.resolved.params[w.node], "replicas": n.replicas,
                 "model": self.graph.model, "device": rp.device, "threads": rp.threads, "seed": self.seed,
                 "run_dir": self.run_dir, "async": self.resolved.async_.to_dict(), "hb_interval": self.hb_interval,
-                "restore": self.restores.get(w.label), "bind": w.endpoint,
-                "hb_timeout": max(30.0, 4 * self.hb_timeout), "live_s": self.live_s}
+                "restore": self.restores.pop(w.label, None),   # restored once: a respawned replica starts clean
+                "bind": w.endpoint, "hb_timeout": max(30.0, 4 * self.hb_timeout), "live_s": self.live_s,
+                "devices": rp.devices, "rendezvous": self._rendezvous_of(w)}
 
-    def _wiring(self, node: str) -> dict[str, Any]:
+    # ------------------------------------------------------------ process groups (sharded ops)
+    # Rank 0 of a group gets {"host": its own address, "port": 0}: it binds a free port there and
+    # reports {"kind": "rendezvous", "port"}; the other ranks get their config (with that address)
+    # only then, so no port is guessed for another machine.
+
+    def _rendezvous_of(self, w: _W) -> dict[str, Any] | None:
+        if w.node not in self.plan.groups:
+            return None
+        if w.replica == 0:
+            return {"host": w.host or "127.0.0.1", "port": 0}
+        return self.rendezvous.get(w.node)   # set before ranks 1.. are configured (_on_hello)
+
+    def _on_hello(self, w: _W, msg: dict[str, Any]) -> None:
+        w.pid, w.host = msg.get("pid"), msg.get("host")
+        if w.node in self.plan.groups and w.replica > 0 and w.node not in self.rendezvous:
+            return   # configured once rank 0 has bound its rendezvous port (_on_rendezvous)
+        w.state = "configured"
+        self._send_ctrl(w.label, self._config(w))
+
+    def _on_rendezvous(self, w: _W, event: dict[str, Any]) -> None:
+        if w.node not in self.plan.groups or w.replica != 0 or w.node in self.rendezvous:
+            self.rejected_here += 1
+            return
+        self.rendezvous[w.node] = {"host": str(event["host"]), "port": int(event["port"])}
+        for other in self.workers.values():
+            if other.node == w.node and other.replica > 0 and other.pid is not None and other.state == "starting":
+                other.state, other.last_hb = "configured", time.monotonic()   # its heartbeats start with the config
+                self._send_ctrl(other.label, self._config(other))
+
+    def _waits_for(self, w: _W) -> str:
+        if w.node in self.plan.groups and w.replica > 0 and w.node not in self.rendezvous:
+            return f" (waits for {w.node}[0], rank 0, to bind the group's rendezvous)"
+        return "" if w.pid is not None else " (never said hello)"
+
+    def _wiring(self, node: str, replica: int = 0) -> dict[str, Any]:
         g = self.graph
+        if node in self.plan.groups and replica > 0:
+            # ranks 1.. of a process group get their work from rank 0 over the group, not from edges
+            return {"kind": "start", "outputs": [], "inputs": [], "is_source": False}
         outputs = []
         for e in g.consumers(node):
             if e.label in self.managed:
                 eps, rt, gb, who = [self.inbox.endpoint], "round_robin", None, [CONTROLLER]
             else:
-                who = [f"{e.dst}[{r}]" for r in range(g.nodes[e.dst].replicas)]
+                who = [f"{e.dst}[{r}]" for r in range(self.plan.data_replicas(e.dst))]
                 eps = [self.workers[label].endpoint for label in who]
                 rt, gb = e.routing, e.group_by
             outputs.append({"edge": e.label, "endpoints": eps, "consumers": who, "routing": rt, "group_by": gb,
                             "capacity": e.capacity, "capacity_bytes": e.capacity_bytes})
         inputs = []
         for e in g.producers(node):
-            senders = [CONTROLLER] if e.label in self.managed else [f"{e.src}[{r}]" for r in range(g.nodes[e.src].replicas)]
+            senders = [CONTROLLER] if e.label in self.managed else [f"{e.src}[{r}]" for r in range(self.plan.data_replicas(e.src))]
             inputs.append({"edge": e.label, "port": e.dst_port, "senders": senders, "capacity": e.capacity,
                            "capacity_bytes": e.capacity_bytes})
         return {"kind": "start", "outputs": outputs, "inputs": inputs, "is_source": not g.nodes[node].inputs}
@@ -329,9 +383,7 @@ class Controller:
             return
         w.last_hb = time.monotonic()
         if kind == "hello":
-            w.pid, w.state = msg.get("pid"), "configured"
-            self._send_ctrl(w.label, self._config(w))
-            self.restores.pop(w.label, None)   # a checkpoint is restored once: a respawned replica starts clean
+            self._on_hello(w, msg)
         elif kind == "ready":
             w.endpoint, w.state = msg["endpoint"], "ready"
         elif kind == "error":
@@ -343,7 +395,11 @@ class Controller:
         elif kind == "reply":
             self.replies[msg.get("id")] = (msg, bufs)
         elif kind == "event":
-            self.events.append((w.node, w.replica, msg.get("event")))
+            event = msg.get("event")
+            if isinstance(event, dict) and event.get("kind") == "rendezvous":
+                self._on_rendezvous(w, event)
+            else:
+                self.events.append((w.node, w.replica, event))
         elif kind == "rejected":
             self.events.append((w.node, w.replica, {"kind": "wire_rejected", "error": msg.get("error")}))
 
@@ -391,20 +447,23 @@ class Controller:
         """Start replica w again where it was: same inbox endpoint, fresh connections to its neighbours;
         then the driver reissues what the dead replica held (on_replica_lost), onto a live replica."""
         label, t0 = w.label, time.monotonic()
-        self.restarts[label] += 1
         if not exited:
             self.backend.kill(label)   # a hung, stalled or failed process goes first
-        fresh = _W(w.node, w.replica, last_hb=time.monotonic(), endpoint=w.endpoint)
-        self.workers[label] = fresh
-        self.backend.start([self.launches[label]])
-        deadline = t0 + self.start_timeout_s
-        while fresh.state != "ready":
-            if any(lb == label for lb, _ in self.backend.exited()) or time.monotonic() > deadline:
+        while True:
+            self.restarts[label] += 1
+            # lost until the driver has heard of it: calls made meanwhile (driver hooks run while the
+            # control loop pumps) fail fast instead of reaching a process whose state nobody tracks
+            fresh = _W(w.node, w.replica, last_hb=time.monotonic(), endpoint=w.endpoint, lost=why)
+            self.workers[label] = fresh
+            self.backend.start([self.launches[label]])
+            problem = self._await_ready(fresh, time.monotonic() + self.start_timeout_s)
+            if problem is None:
+                break
+            if self.restarts[label] >= self.max_restarts:   # a replica that cannot start is not retried forever
                 self.failure = RunFailed(f"worker {label} (node {w.node!r}, replica {w.replica}) {why}; its respawn "
-                                         f"did not come up within {self.start_timeout_s:.0f} s", w.node, w.replica)
+                                         f"{problem} (after {self.restarts[label]} respawn(s))", w.node, w.replica)
                 raise self.failure
-            self._pump(50)
-        self._send_ctrl(label, self._wiring(w.node))
+        self._send_ctrl(label, self._wiring(w.node, w.replica))
         fresh.state = "running"
         g = self.graph
         neighbours = {e.src for e in g.producers(w.node)} | {e.dst for e in g.consumers(w.node)}
@@ -416,9 +475,25 @@ class Controller:
         for (dst, _), out in getattr(self, "outs", {}).items():
             if dst == w.node:
                 out.reset_consumer(w.replica)
+        fresh.lost = None
         if hasattr(self.driver, "on_replica_lost"):
             self.driver.on_replica_lost(w.node, w.replica, why)
-        self.respawn_log.append({"replica": label, "why": why.splitlines()[0], "seconds": time.monotonic() - t0})
+        self.respawn_log.append({"replica": label, "why": why.splitlines()[0], "seconds": time.monotonic() - t0,
+                                 "ready_at": time.time()})   # wall clock: benchmarks/lifecycle.py times kill -> work again
+
+    def _await_ready(self, fresh: _W, deadline: float) -> str | None:
+        """Wait for a respawned replica to report ready; what went wrong if it did not. Other replicas
+        that exit meanwhile are marked lost (their own respawn follows), never dropped."""
+        while fresh.state != "ready":
+            for lb, how in self.backend.exited():
+                if lb == fresh.label:
+                    return f"exited during start-up ({how})"
+                self._replica_failed(self.workers[lb], how, exited=True)
+            if time.monotonic() > deadline:
+                self.backend.kill(fresh.label)
+                return f"did not come up within {self.start_timeout_s:.0f} s"
+            self._pump(50)
+        return None
 
     def _flush(self, out: OutEdge, timeout: float) -> None:
         deadline = time.monotonic() + timeout

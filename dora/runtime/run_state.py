@@ -72,7 +72,9 @@ def commit(driver, snap: Snapshot, keep: int) -> str:
 
 def replica_restores(state: dict[str, Any], roles, graph, folder: str) -> dict[str, dict[str, Any]]:
     """What each replica gets at setup in a resumed run (OpContext.restore), by replica label."""
-    out: dict[str, dict[str, Any]] = {f"{roles.update}[0]": {"checkpoint": folder}}
+    # every rank of a sharded trainer loads its shards (any rank count: DCP reshards)
+    out: dict[str, dict[str, Any]] = {f"{roles.update}[{r}]": {"checkpoint": folder}
+                                      for r in range(graph.nodes[roles.update].replicas)}
     for r, n in enumerate(state["consumed"]):
         out[f"{roles.dataset}[{r}]"] = {"consumed": n}
     for r in range(graph.nodes[roles.generate].replicas):

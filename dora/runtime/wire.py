@@ -22,7 +22,6 @@ Data message = zmq frames:
              that its schema is the announced one, that it holds exactly one batch, and (full
              validation) that every dictionary index lies inside its dictionary.
     nbytes = the size of all body frames.
-    Version 3 added the "stream" body (version 2 rejected dictionary-encoded batches).
 End-of-stream = 1 frame: a header with kind "eos" (rows 0, nbytes 0, body "", no layout, no schema).
 Credit (consumer -> producer, on the same connection) = 1 frame: msgpack {kind: "credit", edge, n, bytes}.
 Control message = frame 0 msgpack dict with a "kind" key, then optional raw binary frames

@@ -255,6 +255,7 @@ class Worker:
         ctx = OpContext(node=self.node, op=cfg["op"], replica=self.replica, replicas=cfg["replicas"], params=cfg["params"],
                         model=cfg["model"], device=cfg["device"], threads=cfg["threads"], seed=cfg["seed"],
                         run_dir=cfg["run_dir"], async_=AsyncSettings(**cfg["async"]), restore=cfg["restore"],
+                        devices=cfg["devices"], rendezvous=cfg["rendezvous"],
                         report=lambda event: self.send_ctrl({"kind": "event", "event": event}),
                         progress=self.mark_progress)
         self.op.setup(ctx)

@@ -25,7 +25,7 @@ def _a(x: object) -> str:
 
 def _tooltip(view: View, name: str) -> str:
     n = view.nodes[name]
-    lines = [f"{n.name}: {n.op}" + (f" on pool {n.pool}" if n.pool else "") + (f", {n.replicas} replicas" if n.replicas > 1 else "")]
+    lines = [f"{n.name}: {n.op}" + (f" on pool {n.pool}" if n.pool else "") + (f", {n.scale}" if n.scale != "x1" else "")]
     lines += [f"{k} = {json.dumps(v)}" for k, v in n.params.items()]
     if n.defaults:
         lines.append("defaults: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in n.defaults.items()))

@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 from dora.graph.model import Graph
+from dora.graph.printing import scale_text
 from dora.graph.schema import propagate, resolve_all
 
 # Muted, print-friendly fill/stroke pairs, one per pool (in declaration order).
@@ -37,10 +38,12 @@ class NodeView:
     params: dict[str, Any]          # as written
     defaults: dict[str, Any]        # the op's defaults not overridden
     adds: tuple[str, ...]
+    scale: str = "x1"               # dora.graph.printing.scale_text: replicas, ranks, devices each
 
     @property
     def subtitle(self) -> str:
-        return self.op if self.replicas == 1 else f"{self.op} \u00d7{self.replicas}"
+        times = "\u00d7"
+        return self.op if self.scale == "x1" else f"{self.op} {times}{self.scale[1:]}"
 
 
 @dataclasses.dataclass
@@ -89,8 +92,10 @@ def build_view(g: Graph) -> View:
         spec = specs.get(n)
         params = node.params if isinstance(node.params, dict) else {}
         defaults = {k: p.default for k, p in spec.params.items() if k not in params} if spec else {}
-        nodes[n] = NodeView(n, str(node.op), node.pool, node.replicas if isinstance(node.replicas, int) else 1,
-                            fill, stroke, dict(params), defaults, sch.added(n))
+        replicas = node.replicas if isinstance(node.replicas, int) else 1
+        devices = node.devices if isinstance(node.devices, int) else 1
+        nodes[n] = NodeView(n, str(node.op), node.pool, replicas, fill, stroke, dict(params), defaults, sch.added(n),
+                            scale_text(dataclasses.replace(node, replicas=replicas, devices=devices)))
     edges = []
     for e in g.edges:
         if e.src not in g.nodes:

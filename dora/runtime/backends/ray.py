@@ -1,11 +1,18 @@
-"""The ray backend: one actor per node replica, one placement group per pool, the same worker code.
+"""The ray backend: one actor per node replica in its own placement group, the same worker code.
 
-Each pool becomes a placement group with one bundle per slot (gpu: {"GPU": 1}; cpu: a share of
-the cluster's CPUs so that every pool fits); replica r of a node runs in bundle r % count, its
-actor asking for an equal share of that bundle. The actor's `run` method runs dora's Worker
-loop; data and control go over dora's own zmq channels (Ray only places and supervises the
-processes; its own task transport is not used for data). On one machine endpoints bind
-127.0.0.1; on a multi-node cluster each worker binds its node's IP.
+A replica's placement group is one bundle holding all its devices, strategy STRICT_PACK, so a
+tensor-parallel group (generate with devices: N) lands on one node with N GPUs, and Ray sets its
+CUDA_VISIBLE_DEVICES. A device is {"GPU": 1} for a gpu pool, or the custom resource the option
+`pool_resources={pool: NAME}` names (node types of a heterogeneous cluster; tests stand in for
+GPUs this way); a cpu pool without one gets a share of the cluster's CPUs. Groups are placed
+largest first (first-fit decreasing), each waited for with a deadline that names the replica.
+The ranks of a sharded trainer are replicas like any other: each its own group, so they may land
+on different nodes and rendezvous at rank 0's node address (dora/ops/sharding/rank_group.py).
+
+The actor's `run` method runs dora's Worker loop; data and control go over dora's own zmq
+channels (Ray only places and supervises the processes; its own task transport is not used for
+data). On one machine endpoints bind 127.0.0.1; on a multi-node cluster each worker binds its
+node's IP.
 
 Started here when Ray is not already initialised: ray.init(num_cpus=..., include_dashboard=False),
 with RAY_AUTH_MODE=disabled and this process's sys.path exported so actors import the same ops.
@@ -13,13 +20,14 @@ with RAY_AUTH_MODE=disabled and this process's sys.path exported so actors impor
 
 from __future__ import annotations
 
-import collections
 import os
 import sys
 import time
 from typing import Any
 
 from dora.runtime.backends import Launch
+
+PLACEMENT_TIMEOUT_S = 120.0   # one replica's placement group: the cluster has the resources, or it never will
 
 
 def _actor_class():
@@ -44,7 +52,8 @@ def _actor_class():
 class RayBackend:
     name = "ray"
 
-    def __init__(self, address: str | None = None, num_cpus: int | None = None, host: str | None = None):
+    def __init__(self, address: str | None = None, num_cpus: int | None = None, host: str | None = None,
+                 pool_resources: dict[str, str] | None = None):
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         import ray
 
@@ -61,40 +70,50 @@ class RayBackend:
         self.multi_node = multi   # sockets leave the machine: the run secures them (security.py)
         self.actors: dict[str, Any] = {}
         self.refs: dict[Any, str] = {}
-        self.groups: list[Any] = []
+        self.group_of: dict[str, Any] = {}   # replica label -> its placement group
+        self.pool_resources = dict(pool_resources or {})
+        self.placement: dict[str, str] = {}    # replica label -> the Ray node id its placement group landed on
         self._reported: set[str] = set()
 
+    def device_resource(self, ln: Launch) -> str | None:
+        """The Ray resource one device of this replica's pool is (None: a plain share of CPUs)."""
+        return self.pool_resources.get(ln.pool) or ("GPU" if ln.kind == "gpu" else None)
+
     def start(self, launches: list[Launch]) -> None:
-        from ray.util.placement_group import placement_group
+        from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         ray = self.ray
-        by_pool: dict[str, list[Launch]] = collections.defaultdict(list)
-        for ln in launches:
-            by_pool[ln.pool].append(ln)
-        slots = {p: 1 + max(ln.slot for ln in lns) for p, lns in by_pool.items()}
-        cpu_bundles = sum(n for p, n in slots.items() if by_pool[p][0].kind == "cpu")
+        shared = sum(ln.devices for ln in launches if self.device_resource(ln) is None)
         cpus = float(ray.available_resources().get("CPU", 1.0))
-        cpu_share = round(min(1.0, cpus / max(1, cpu_bundles)), 4)
+        cpu_share = round(min(1.0, cpus / max(1, shared)), 4)
         Actor = _actor_class()
-        for pool, lns in by_pool.items():
-            gpu = lns[0].kind == "gpu"
-            bundles = [{"GPU": 1.0} if gpu else {"CPU": cpu_share} for _ in range(slots[pool])]
-            pg = placement_group(bundles, strategy="PACK", name=f"dora-{pool}-{os.getpid()}")
-            ray.get(pg.ready(), timeout=120)
-            self.groups.append(pg)
-            per_slot = collections.Counter(ln.slot for ln in lns)
-            for ln in lns:
-                self._reported.discard(ln.label)   # (a respawn starts a replica again under its label)
-                share = 1.0 / per_slot[ln.slot]
-                env = {k: v for k, v in ln.env.items() if not (gpu and k == "CUDA_VISIBLE_DEVICES")}  # Ray sets it for GPU actors
-                actor = Actor.options(
-                    num_cpus=0 if gpu else max(0.0001, round(cpu_share * share, 4) - 0.0001),
-                    num_gpus=round(share, 4) if gpu else 0,
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=ln.slot),
-                ).remote()
-                self.actors[ln.label] = actor
-                self.refs[actor.run.remote(ln.control, ln.node, ln.replica, self.worker_host, env, ln.keys)] = ln.label
+        for ln in sorted(launches, key=lambda ln: -ln.devices):   # first-fit decreasing: TP groups first
+            res = self.device_resource(ln)
+            bundle = {res: float(ln.devices)} if res else {"CPU": round(cpu_share * ln.devices, 4)}
+            old = self.group_of.pop(ln.label, None)
+            if old is not None:   # a respawn: its predecessor's devices are free again
+                remove_placement_group(old)
+            pg = placement_group([bundle], strategy="STRICT_PACK", name=f"dora-{ln.label}-{os.getpid()}")
+            try:
+                ray.get(pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
+            except Exception as e:
+                raise RuntimeError(f"ray: no node can hold {ln.label} (pool {ln.pool!r}, {ln.devices} device(s): "
+                                   f"{bundle}) within {PLACEMENT_TIMEOUT_S:.0f} s; cluster resources "
+                                   f"{ray.cluster_resources()}") from e
+            self.group_of[ln.label] = pg
+            self.placement[ln.label] = placement_group_table(pg)["bundles_to_node_id"][0]
+            env = {k: v for k, v in ln.env.items() if not (res == "GPU" and k == "CUDA_VISIBLE_DEVICES")}  # Ray sets it
+            actor = Actor.options(
+                num_cpus=0 if res else max(0.0001, bundle["CPU"] - 0.0001),
+                num_gpus=float(ln.devices) if res == "GPU" else 0,
+                resources={res: float(ln.devices)} if res not in (None, "GPU") else {},
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0),
+            ).remote()
+            self._reported.discard(ln.label)   # (a respawn starts a replica again under its label)
+            self.refs = {ref: lb for ref, lb in self.refs.items() if lb != ln.label}   # its predecessor's is news no more
+            self.actors[ln.label] = actor
+            self.refs[actor.run.remote(ln.control, ln.node, ln.replica, self.worker_host, env, ln.keys)] = ln.label
 
     def kill(self, label: str) -> None:
         """End one replica's actor now (a respawn replaces a hung or failed one)."""
@@ -134,7 +153,7 @@ class RayBackend:
                 pass
         from ray.util.placement_group import remove_placement_group
 
-        for pg in self.groups:
+        for pg in self.group_of.values():
             try:
                 remove_placement_group(pg)
             except Exception:

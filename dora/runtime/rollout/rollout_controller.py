@@ -190,22 +190,20 @@ class RolloutController:
         self._dispatch()
         return sorted(set(revoked))
 
-    def instance_lost(self, name: str, reason: str = "replica_lost") -> tuple[list[str], list[int]]:
-        """Instance `name` died with its requests: their groups are dropped whole (members elsewhere
-        are discarded as they finish) and counted under `reason`. Returns (group ids, revoked steps,
-        as on_dropped); the caller dispatches those groups again as new ones."""
-        self.manager.versions_changed()   # the driver marks the new process's weights: no dispatch lands there
+    def instance_replaced(self, name: str, reason: str = "replica_lost") -> tuple[list[str], list[int]]:
+        """Instance `name` died with its requests and a new process (initial weights) took its place.
+        The dead one's groups are dropped whole (members elsewhere are discarded as they finish) and
+        counted under `reason`; the new one loads the newest version while empty, before anything is
+        dispatched onto it (a switch with requests running would break C1). Returns (group ids,
+        revoked steps, as on_dropped); the caller dispatches those groups again as new ones."""
+        self.manager.versions_changed()   # the driver marked the new process's weights
         lost = self.manager.forget(name, list(self.manager.on_instance[name]))
+        self.dispatch.load(name, self.dispatch.newest)
         gids = sorted({r.group_id for r in lost})
         members = self.ledger.members
         revoked = self.on_dropped([members[g][0] for g in gids if g in members], reason)
         self.ledger.count_dropped(reason, len(lost))   # they will never finish: counted now
         return gids, revoked
-
-    def instance_restarted(self, name: str) -> None:
-        """A new process runs instance `name` (from the initial weights): it takes the newest version."""
-        self.dispatch.load(name, self.dispatch.newest)
-        self._dispatch()
 
     def tick(self) -> None:
         m = self.manager
