@@ -254,6 +254,16 @@ def test_async_settings_out_of_range_all_reported(tmp_path):
     assert any("async.max_staleness must be >= 0, got -1" in m for m in msgs)
 
 
+def test_async_elastic_is_declared_and_says_it_is_simulated_only(tmp_path):
+    bad = BASE.replace("train_batch: 16}", "train_batch: 16, elastic: maybe}")
+    [d] = errors(tmp_path, bad)
+    assert "async.elastic must be bool, got str 'maybe'" in d.format()
+    on = BASE.replace("train_batch: 16}", "train_batch: 16, elastic: true}")
+    [d] = errors(tmp_path, on)
+    assert "simulated only" in d.message and "dora simulate --elastic" in d.hint
+    assert not errors(tmp_path, BASE.replace("train_batch: 16}", "train_batch: 16, elastic: false}"))
+
+
 def test_warning_generate_without_weights_edge(tmp_path):
     text = BASE.replace("weights:\n  - {from: train, to: rollout}\n", "")
     d = only(diagnose(tmp_path, text), "warning")

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from dora.runtime.rollout import (Finished, InstanceStats, Request, RequestState, RolloutConfig,
+from dora.runtime.rollout import (Finished, InstanceStats, Request, RequestState, RolloutConfig, Trajectory,
                                   RolloutConfigError, RolloutController, partition)
 
 
@@ -93,13 +93,16 @@ def make_prompts(g, rng):
     return take, counter
 
 
-def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3):
+def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3, elastic=0):
+    """`elastic`: that many extra instances are lent while the trainer waits and reclaimed (their
+    requests moved off) once its batch is ready."""
     rng = random.Random(seed)
     clock = Clock()
     insts = [FakeInstance(f"i{j}") for j in range(n_inst)]
+    spare = [FakeInstance(f"e{j}") for j in range(elastic)]
+    lent = False
     take, counter = make_prompts(g, rng)
-    cfg = RolloutConfig(mode=mode, train_batch=tbs, group_size=g, max_staleness=k, rebalance_period_s=1.0,
-                        urgent_batch=2)
+    cfg = RolloutConfig(mode=mode, train_batch=tbs, group_size=g, max_staleness=k, rebalance_period_s=1.0)
     c = RolloutController(cfg, insts, take, clock)
     c.start()
     trained: list[str] = []
@@ -112,7 +115,7 @@ def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3):
         if len(batches) >= steps:
             break
         clock.t += rng.uniform(0.1, 2.0)
-        inst = rng.choice(insts)
+        inst = rng.choice(insts + (spare if lent else []))
         fin = inst.progress(rng)
         if fin:
             c.on_finished(inst.name, fin)
@@ -120,7 +123,15 @@ def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3):
             c.tick()
         if rng.random() < 0.1:
             c.rebalance()                 # forced extra rebalances: many migrations
-        if training is None and c.trainer_ready():
+        if spare and training is None:
+            if lent and c.trainer_ready():
+                c.reclaim()
+                assert not any(i.reqs for i in spare), "a reclaimed device still holds requests"
+                lent = False
+            elif not lent and not c.trainer_ready() and rng.random() < 0.5:
+                c.lend(spare)
+                lent = True
+        if training is None and c.trainer_ready() and not lent:
             batch = c.take_batch()
             step = len(batches)
             batches.append((step, batch))
@@ -140,17 +151,17 @@ def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3):
         if live:
             assert min(live) >= c.queue.next_step - kk
             assert max(live) - min(live) <= kk
-        for i in insts:                    # every request sits on an instance of its own version
+        for i in insts + spare:            # every request sits on an instance of its own version
             for s in i.reqs.values():
                 assert s["r"].version == i.version
     assert len(batches) >= steps, f"{mode}: only {len(batches)} steps (stuck?)"
-    return c, batches, trained, counter[0] * g, insts
+    return c, batches, trained, counter[0] * g, insts + spare
 
 
 @pytest.mark.parametrize("mode", ["sync", "one_step_off", "partial", "dora"])
-@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
-def test_invariants_under_chaos(mode, seed):
-    c, batches, trained, dispatched_n, insts = run_chaos(mode, seed)
+@pytest.mark.parametrize("seed, elastic", [(0, 0), (1, 0), (2, 0), (3, 2), (4, 3)])
+def test_invariants_under_chaos(mode, seed, elastic):
+    c, batches, trained, dispatched_n, insts = run_chaos(mode, seed, elastic=elastic)
     k = c.cfg.max_staleness
     assert len(trained) == len(set(trained)), "a trajectory was trained twice"
     for step, batch in batches:
@@ -167,7 +178,7 @@ def test_invariants_under_chaos(mode, seed):
     assert s["lost"] == 0 and s["c2_violations"] == 0 and s["c3_violations"] == 0
     assert s["dispatched"] == dispatched_n
     assert s["trained"] + s["finished_untrained"] + s["in_flight_at_end"] + s["in_training_at_end"] == dispatched_n
-    in_flight = sum(len(i.reqs) for i in insts) + sum(len(x) for x in c._pending_retag)
+    in_flight = sum(len(i.reqs) for i in insts) + c.dispatch.held()
     assert in_flight == s["in_flight_at_end"]
     c1 = sum(m.c1_violations for m in c.step_metrics)
     if mode == "partial":
@@ -255,7 +266,7 @@ def run_with_drops(mode, seed, steps=25, n_inst=5, g=4, tbs=16, k=3, p_drop=0.3)
     insts = [FakeInstance(f"i{j}") for j in range(n_inst)]
     take, counter = make_prompts(g, rng)
     c = RolloutController(RolloutConfig(mode=mode, train_batch=tbs, group_size=g, max_staleness=k,
-                                        rebalance_period_s=1.0, urgent_batch=2), insts, take, clock)
+                                        rebalance_period_s=1.0), insts, take, clock)
     c.start()
     finished: dict[str, set[str]] = collections.defaultdict(set)
     dropped_groups: set[str] = set()
@@ -344,7 +355,7 @@ def test_dropped_groups_are_replaced_never_trained_and_accounted(mode, seed):
     assert s["dispatched"] == dispatched_n
     assert (s["trained"] + s["finished_untrained"] + s["in_flight_at_end"] + s["in_training_at_end"]
             + s["dropped"]) == dispatched_n
-    assert s["in_flight_at_end"] == sum(len(i.reqs) for i in insts) + sum(len(x) for x in c._pending_retag)
+    assert s["in_flight_at_end"] == sum(len(i.reqs) for i in insts) + c.dispatch.held()
     if mode != "partial":
         assert s["c1_violations"] == 0
     # a repeated or unknown drop changes nothing but the unknown counter
@@ -359,22 +370,44 @@ def test_drops_revoke_taken_batches():
     assert revs > 0, "the harness must exercise revoking a taken batch"
 
 
-def test_urgent_spread_tightens_when_the_tail_outlasts_the_window():
+def test_speed_model_spreads_as_far_as_the_fixed_cost_allows():
+    """Iteration = fixed + per-request part: the fit recovers the fixed part from reports, and the
+    batch asked for makes each request sigma times faster; when even alone it could not be, no
+    spreading (it would cost throughput and still miss the deadline)."""
+    from dora.runtime.rollout.speed import SpeedModel
+    sm = SpeedModel()
+    for active, kv in [(200, 0.9), (100, 0.5), (50, 0.6), (10, 0.2), (150, 0.3), (30, 0.9)]:
+        sm.observe(InstanceStats(active, 0, 256, kv, step_s=0.025 + 0.0001 * active + 0.02 * kv))
+    assert sm.fixed_s() == pytest.approx(0.025, rel=1e-6)
+    step = 0.025 + 0.0001 * 200 + 0.02 * 0.9               # 0.063 s at 200 requests
+    b = sm.batch_for(200, step, 1.5)
+    assert 0.025 + (step - 0.025) * b / 200 <= step / 1.5 < 0.025 + (step - 0.025) * (b + 1) / 200
+    assert sm.batch_for(200, step, 3.0) == 200 and sm.batch_for(200, step, 1.0) == 200
+
+
+def test_deadlines_come_from_the_trainers_pace():
+    """Version v must be complete when step v+K starts: estimated from the trainer's own step time
+    (waits excluded) and whether it is training now; a request may start on a version only if the
+    longest generation measured would still end in time."""
     clock = Clock()
-    insts = [FakeInstance(f"i{j}") for j in range(3)]
+    insts = [FakeInstance(f"i{j}", slots=8) for j in range(2)]
     take, _ = make_prompts(4, random.Random(0))
-    c = RolloutController(RolloutConfig(mode="dora", train_batch=8, group_size=4, max_staleness=2,
-                                        urgent_batch=64, urgent_batch_tight=16), insts, take, clock)
+    c = RolloutController(RolloutConfig(mode="dora", train_batch=8, group_size=4, max_staleness=2), insts, take, clock)
     c.start()
-    assert c.urgent_batch == 16                       # tight until K steps of evidence
-    for step, (tail, took) in enumerate([(50, 100), (50, 100), (50, 100), (500, 100), (50, 100)]):
-        c._gen_max[-1] = tail                         # longest dispatch -> finish time this interval
-        clock.t += took
-        batch = [] if not c.trainer_ready() else c.take_batch()
-        c.on_trained(step, step + 1, [t.uid for t in batch])
-        # window = K x trainer step time (100 s each, no waits); tail = max over the last 2K steps
-        want = 16 if step < 1 or step >= 3 else 64
-        assert c.urgent_batch == want, (step, c.urgent_batch)
+    dl = c.policy.deadlines
+    assert dl.deadline(0) == float("inf")                   # no pace before the first step
+    for i in insts:                                         # finish everything: a batch is ready
+        c.on_finished(i.name, [Finished(u, 10) for u in list(i.reqs)])
+        i.reqs.clear()
+    clock.t = 30.0
+    c.take_batch()                                          # waited 30 s
+    clock.t = 130.0
+    c.on_trained(0, 1, [u for u in c.ledger.taken[0]])      # step 0: 130 s, 30 of them waiting
+    assert dl.pace() == 100.0
+    assert c.queue.next_step == 1 and not c.ledger.taken    # idle: step 1 could start now
+    assert dl.deadline(0) == 130.0 + (0 + 2 - 1) * 100.0
+    c.ledger.gen_max[-1] = 150.0
+    assert not dl.can_start(0) and dl.can_start(1)
 
 
 def test_dropping_a_group_that_has_not_started_keeps_the_accounting():
@@ -399,3 +432,51 @@ def test_dropping_a_group_that_has_not_started_keeps_the_accounting():
     still = [u for i in insts for u in i.reqs if u.rsplit(".", 1)[0] == gid]
     assert s["dropped"] == 4 - len(still) and s["dropped_by_reason"].get("filtered", 0) == s["dropped"]
     assert s["dropped"] > 0
+
+
+def test_every_rollout_policy_is_a_declared_mode():
+    """The modes are declared once (dora.graph.sections, with their K/RBS rules); each has exactly
+    one policy class, and no policy runs a mode `dora validate` would not accept."""
+    from dora.graph.sections import MODES
+    from dora.runtime.rollout import POLICIES
+    assert set(POLICIES) == set(MODES)
+    for mode in MODES:
+        c = RolloutController(RolloutConfig(mode=mode, train_batch=8, group_size=4, max_staleness=2),
+                              [FakeInstance("i0")], make_prompts(4, random.Random(0))[0], Clock())
+        assert type(c.policy) is POLICIES[mode] and c.policy.name == mode
+
+
+@pytest.mark.parametrize("mode", ["sync", "partial", "dora"])
+def test_a_lost_instance_drops_its_groups_whole_and_a_restored_batch_trains(mode):
+    """instance_replaced: the groups it held are dropped whole (members elsewhere discarded when they
+    finish), counted under the reason, never lost; the new process takes the newest version first.
+    restore_finished: finished-untrained trajectories of a resumed run form a batch again."""
+    rng, clock = random.Random(1), Clock()
+    insts = [FakeInstance(f"i{j}", slots=4) for j in range(2)]
+    take, _ = make_prompts(4, rng)
+    c = RolloutController(RolloutConfig(mode=mode, train_batch=8, group_size=4, max_staleness=2), insts, take, clock)
+    c.start()
+    held = list(insts[0].reqs)
+    assert held
+    insts[0].reqs.clear()                                     # the process is gone with them
+    insts[0].version = -1                                     # its replacement holds no served version yet
+    gids, revoked = c.instance_replaced("i0")
+    assert insts[0].version == c.newest
+    assert gids == sorted({u.split(".")[0] for u in held}) and revoked == []
+    for _ in range(200):                                      # run everything out
+        clock.t += 1
+        for i in insts:
+            c.on_finished(i.name, i.progress(rng))
+        if c.trainer_ready():
+            batch = c.take_batch()
+            assert not {t.group_id for t in batch} & set(gids), "a lost group was trained"
+            c.on_trained(c.queue.next_step - 1, c.newest + 1, [t.uid for t in batch])
+            c.on_published(c.newest + 1)
+        c.tick()
+    s = c.finish()
+    assert s["lost"] == 0 and s["c2_violations"] == 0 and s["dropped_by_reason"]["replica_lost"] == 4 * len(gids)
+    # resume: a fresh controller gets two finished groups back and trains them as one batch
+    fresh = RolloutController(RolloutConfig(mode=mode, train_batch=8, group_size=4, max_staleness=2),
+                              [FakeInstance("j0")], lambda n: [], clock, initial_version=5)
+    fresh.restore_finished([Trajectory(f"r{g}.{j}", f"r{g}", 5, 10, 20, (5,), clock.t) for g in range(2) for j in range(4)])
+    assert fresh.trainer_ready() and {t.uid for t in fresh.take_batch()} == {f"r{g}.{j}" for g in range(2) for j in range(4)}

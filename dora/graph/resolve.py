@@ -58,6 +58,10 @@ def settings_problems(g: Graph, specs: dict[str, OpSpec | None]) -> list[Diagnos
             _, err = ps.check(getattr(cfg, key))
             if err:
                 diags.append(error(f"{section}.{key} {err}", g.loc_of(f"{section}.{key}"), hint=ps.doc))
+    if g.async_.elastic is True:
+        diags.append(error("async.elastic: lending trainer devices to rollout is simulated only for now "
+                           "(dora simulate --elastic); dora run cannot do it yet", g.loc_of("async.elastic"),
+                           hint="remove async.elastic, or compare with: dora simulate --elastic"))
     params = {n: fill_params(s, g.nodes[n].params, checked=True) for n, s in specs.items()
               if s is not None and isinstance(g.nodes[n].params, dict) and not param_problems(s, g.nodes[n].params)}
     datasets = [n for n in _nodes_with(specs, "dataset") if n in params]

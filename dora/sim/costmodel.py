@@ -1,8 +1,10 @@
 """Cost model: how long prefill, decode, training, weight transfer and KV migration take.
 
 Rough H800 figures (989 TFLOP/s dense bf16, 3.35 TB/s HBM, ~50 GB/s effective P2P for weights and
-KV between nodes) and achievable efficiencies; calibrated so that synchronous GRPO on
-Qwen2.5-32B, 512 prompts x 16, DAPO-Math lengths, 64 GPUs lands near the paper's ~20+ min step.
+KV between nodes) and achievable efficiencies. Two numbers are fitted, both shared by every mode:
+the decode step's fixed part and the trainer's cost, against the paper's synchronous step (time
+and rollout-only share at 64 and 128 GPUs; docs/benchmarks.md has the validation table). Every
+other mode's figure is a prediction.
 """
 
 from __future__ import annotations
@@ -54,12 +56,13 @@ class CostModel:
     def __init__(self, model: ModelSpec, hw: Hardware = Hardware()):
         self.model, self.hw = model, hw
         tp = model.tp
-        # decode step (roofline): a fixed part (TP all-reduces, kernel launches, sampling: 20 ms,
-        # fitted so a lone 30K-token trajectory takes the ~890 s the paper's sync tail takes),
+        # decode step (roofline): a fixed part (TP all-reduces, kernel launches, sampling: 18 ms,
+        # fitted with the dapo-math workload to the paper's sync step and rollout-only share at
+        # 64 and 128 GPUs; a lone 30K-token trajectory then takes ~790 s),
         # + per-sequence CPU scheduling, + max(read the weights once, the batch's GEMM FLOPs)
         # (they overlap: small batches are bound by the weight read, large ones by compute),
         # + reading the KV context.
-        self.t_fixed = 0.020
+        self.t_fixed = 0.018
         self.t_weights = model.weight_bytes / tp / (hw.hbm_bw * hw.mbu_decode)
         self.t_sched_per_seq = 1e-5
         self.t_flops_per_seq = 2 * model.params_b * 1e9 / (tp * hw.flops * hw.mfu_decode)
@@ -105,7 +108,34 @@ class CostModel:
         """Trainer -> rollout weight hand-off (gather/reshard to a servable copy)."""
         return self.model.weight_bytes / self.hw.p2p_bw + 1.0
 
-    # -- ideal bound ------------------------------------------------------------------------------
+    # -- bounds -----------------------------------------------------------------------------------
+    def lone_s(self, prompt: int, response) -> float:
+        """Seconds one trajectory takes alone on an instance (batch 1, nothing else running): the
+        fastest it can ever be generated. `response` is a length or a Turns plan (tool waits and
+        the prefill of tool outputs count; the context is reloaded from host after each tool)."""
+        a = self.t_fixed + self.t_sched_per_seq + max(self.t_weights, self.t_flops_per_seq)
+        b = self.t_per_ctx_token
+        turns = response.outs if hasattr(response, "outs") else (int(response),)
+        t, ctx = self.prefill_s(prompt), prompt
+        for i, o in enumerate(turns):
+            t += o * a + b * (o * ctx + o * (o - 1) / 2)
+            ctx += o
+            if i < len(turns) - 1:
+                tool = response.tools[i]
+                t += (response.waits[i] + self.kv_reload_s(ctx * self.model.kv_bytes_per_token)
+                      + self.prefill_s(tool, ctx))
+                ctx += tool
+        return t
+
+    def rollout_gpu_s(self, prompt: float, decoded: float, tool_tokens: float, ctx_per_decoded: float) -> float:
+        """GPU-seconds to generate one trajectory at the most efficient batch (mean lengths)."""
+        prefill = self.prefill_s(int(prompt)) + self.prefill_s(int(tool_tokens), int(ctx_per_decoded))
+        return decoded * self.gpu_s_per_decoded_token(ctx_per_decoded) + prefill * self.model.tp
+
+    def train_gpu_s(self, tokens: float) -> float:
+        """GPU-seconds of training work per step for `tokens` (without the fixed per-step part)."""
+        return tokens * self.train_flops_per_token / (self.hw.flops * self.hw.mfu_train)
+
     def gpu_s_per_decoded_token(self, mean_ctx: float) -> float:
         """Decode GPU-seconds per token at a full batch (the most efficient point)."""
         b = self.model.max_batch

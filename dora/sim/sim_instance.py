@@ -13,6 +13,15 @@ advance and is an event); when it is full the most recently admitted sequences a
 Migrated requests (import_) that do not fit at once wait with their KV parked in host memory;
 admitting one later stalls decoding for the host -> GPU copy (`kv_reload_s`, counted in
 kv_import_s with the transfers).
+
+Multi-turn (agentic) requests carry a `Turns` plan as payload: at the end of each turn but the
+last the sequence leaves the running set (its slot is free), its KV is parked in host memory
+while the tool runs (`wait_s` of simulated time, outside the engine), then it queues again with
+the tool's output to prefill on top of the reloaded context.
+
+Occupancy (for the bubble metric): while decoding, an instance is busy in proportion to
+max(running / slots, KV used / capacity): it is full when either limit is reached, and an
+instance decoding one sequence with a nearly empty cache is mostly idle.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from dora.runtime.rollout.types import Finished, InstanceStats, Request, Request
 
 from .virtual_clock import VirtualClock
 from .costmodel import CostModel
+from .workloads import Turns
 
 
 ADMIT_WATERMARK = 0.95     # admit while used KV + the new prompt stays below this fraction
@@ -33,13 +43,33 @@ PREEMPT_TO = 0.98          # when KV is full, preempt down to this fraction
 
 
 class _Seq:
-    __slots__ = ("uid", "group_id", "prompt", "target", "done0", "p0", "end", "versions", "has_kv", "in_host")
+    __slots__ = ("uid", "group_id", "prompt", "target", "done0", "p0", "end", "versions", "has_kv", "in_host",
+                 "plan", "turn_end", "extra", "fresh", "ready_at")
 
-    def __init__(self, uid, group_id, prompt, target, done0, versions, has_kv):
-        self.uid, self.group_id, self.prompt, self.target = uid, group_id, prompt, target
+    def __init__(self, uid, group_id, prompt, payload, done0, versions, has_kv, ready_at=None):
+        self.uid, self.group_id, self.prompt = uid, group_id, prompt
         self.done0, self.versions, self.has_kv = done0, versions, has_kv
-        self.in_host = False         # KV parked in host memory (an import that did not fit)
+        self.in_host = False         # KV parked in host memory (an import that did not fit, a tool wait)
         self.p0 = self.end = 0.0
+        self.ready_at = ready_at     # waiting for a tool's output until then (multi-turn)
+        if isinstance(payload, Turns):
+            self.plan = payload
+            self.target = payload.output_tokens
+            self.turn_end = payload.turn_end(done0)
+            self.extra = payload.tool_tokens_before(done0, waiting=ready_at is not None)
+        else:
+            self.plan, self.target = None, int(payload)
+            self.turn_end, self.extra = self.target, 0
+        self.fresh = 0               # tokens to prefill on top of the cached context (a tool's output)
+
+    @property
+    def ctx(self) -> int:
+        """Tokens in context at admission: prompt, tool outputs so far, response so far."""
+        return self.prompt + self.extra + self.done0
+
+    @property
+    def payload(self):
+        return self.plan if self.plan is not None else self.target
 
 
 class SimInstance:
@@ -52,6 +82,7 @@ class SimInstance:
         self.slots = cost.model.max_batch
         self.kv_capacity = cost.kv_capacity_tokens
         self.running: dict[str, _Seq] = {}
+        self.waiting: dict[str, _Seq] = {}       # multi-turn: between turns, waiting for a tool
         self.heap: list[tuple[float, str]] = []
         self.queue: collections.OrderedDict[str, _Seq] = collections.OrderedDict()
         self.P = 0.0
@@ -61,6 +92,9 @@ class SimInstance:
         self._gen = 0
         # accounting (seconds / tokens)
         self.decode_s = self.prefill_s = self.reprefill_s = self.load_s = self.kv_import_s = 0.0
+        self.occupied_s = 0.0        # decode time x occupancy (see the module doc)
+        self.tool_reload_s = 0.0     # host -> GPU copies of contexts back from a tool wait
+        self.switch_s = 0.0          # elastic: trainer state offloaded before serving rollout
         self.tokens = 0
         self.reprefill_tokens = 0
         self.preemptions = 0
@@ -75,9 +109,37 @@ class SimInstance:
         start = max(self.t_last, self.busy_until)
         if self.running and now > start:
             dt = now - start
-            self.P += dt / self._step_s()
+            dp = dt / self._step_s()
+            n = len(self.running)
+            a = n / self.slots                                      # slot occupancy
+            k0 = (self.ctx_base + n * self.P) / self.kv_capacity     # KV occupancy grows linearly
+            k1 = k0 + n * dp / self.kv_capacity
+            if k1 <= a:
+                occ = a
+            elif k0 >= a:
+                occ = (k0 + k1) / 2
+            else:
+                f = (a - k0) / (k1 - k0)
+                occ = f * a + (1 - f) * (a + k1) / 2
+            self.occupied_s += dt * min(1.0, occ)
+            self.P += dp
             self.decode_s += dt
         self.t_last = now
+
+    def busy_s(self) -> float:
+        """Device-seconds of work (per GPU of the instance): decode weighted by occupancy, prefill,
+        weight loads, KV moves and reloads."""
+        return self.occupied_s + self.prefill_s + self.load_s + self.kv_import_s + self.tool_reload_s + self.switch_s
+
+    def overhead_s(self) -> float:
+        """Device-seconds spent on orchestration rather than generation: weight loads, KV moves, switches."""
+        return self.load_s + self.kv_import_s + self.switch_s
+
+    def switch(self, seconds: float) -> None:
+        """Elastic: a trainer device becomes this instance after `seconds` of moving trainer state."""
+        self._advance()
+        self._stall(seconds)
+        self.switch_s += seconds
 
     def _stall(self, seconds: float) -> None:
         self.busy_until = max(self.busy_until, self.clock.now()) + seconds
@@ -115,27 +177,53 @@ class SimInstance:
                 break
             heapq.heappop(heap)
             self._remove(s)
-            self.tokens += s.target - s.done0
-            done.append(Finished(uid, s.target, s.versions))
+            self.tokens += s.turn_end - s.done0
+            if s.turn_end < s.target:
+                self._to_tool(s)
+                continue
+            done.append(Finished(uid, s.target + s.extra, s.versions))
         self._admit()
         self._reschedule()
         if done:
             self.on_finished(self.name, done)
 
+    # -- multi-turn: tool waits ------------------------------------------------------------------
+    def _to_tool(self, s: _Seq) -> None:
+        """The turn is over: the slot is freed and the KV parked in host memory while the tool runs."""
+        s.done0 = s.turn_end
+        s.has_kv = s.in_host = True
+        s.ready_at = self.clock.now() + s.plan.wait_after(s.done0)
+        self.waiting[s.uid] = s
+        self.clock.call_at(s.ready_at, lambda: self._tool_back(s))
+
+    def _tool_back(self, s: _Seq) -> None:
+        if self.waiting.get(s.uid) is not s:      # exported meanwhile: its new instance schedules it
+            return
+        self._advance()
+        del self.waiting[s.uid]
+        s.ready_at = None
+        tool = s.plan.tool_tokens_after(s.done0)
+        s.extra += tool
+        s.fresh = tool
+        s.turn_end = s.plan.turn_end(s.done0)
+        self.queue[s.uid] = s
+        self._admit()
+        self._reschedule()
+
     # -- running set ---------------------------------------------------------------------------
     def _remove(self, s: _Seq) -> None:
         del self.running[s.uid]
-        self.ctx_base -= s.prompt + s.done0 - s.p0
+        self.ctx_base -= s.ctx - s.p0
 
     def _preempt(self) -> None:
         running = self.running
         limit = PREEMPT_TO * self.kv_capacity
         while len(running) > 1 and self.ctx_base + len(running) * self.P > limit:
             s = running[next(reversed(running))]          # the most recently admitted
-            done = min(s.target - 1, s.done0 + int(self.P - s.p0))
+            done = min(s.turn_end - 1, s.done0 + int(self.P - s.p0))
             self._remove(s)
             self.tokens += done - s.done0
-            s.done0, s.has_kv = done, False
+            s.done0, s.has_kv, s.fresh = done, False, 0
             self.queue[s.uid] = s
             self.queue.move_to_end(s.uid, last=False)
             self.preemptions += 1
@@ -146,36 +234,44 @@ class SimInstance:
         limit = ADMIT_WATERMARK * self.kv_capacity
         while q and len(running) < self.slots:
             s = next(iter(q.values()))
-            need = s.prompt + s.done0
-            if running and self.ctx_base + len(running) * self.P + need > limit:
+            ctx = s.ctx
+            if running and self.ctx_base + len(running) * self.P + ctx > limit:
                 break
             del q[s.uid]
             if s.in_host:
-                cost = self.cost.kv_reload_s((s.prompt + s.done0) * self.cost.model.kv_bytes_per_token)
+                cost = self.cost.kv_reload_s((ctx - s.fresh) * self.cost.model.kv_bytes_per_token)
                 self._stall(cost)
-                self.kv_import_s += cost
+                if s.fresh:
+                    self.tool_reload_s += cost
+                else:
+                    self.kv_import_s += cost
                 s.in_host = False
             if not s.has_kv:
-                ctx = s.prompt + s.done0
                 cost = self.cost.prefill_s(ctx)
                 self._stall(cost)
                 self.prefill_s += cost
                 if s.done0:
                     self.reprefill_s += cost
-                    self.reprefill_tokens += ctx
+                    self.reprefill_tokens += ctx - s.fresh
+            elif s.fresh:
+                cost = self.cost.prefill_s(s.fresh, ctx - s.fresh)
+                self._stall(cost)
+                self.prefill_s += cost
+            s.fresh = 0
             if s.target > s.done0 and self.version not in s.versions:
                 s.versions = tuple(sorted((*s.versions, self.version)))
             s.p0 = self.P
-            s.end = self.P + (s.target - s.done0)
+            s.end = self.P + (s.turn_end - s.done0)
             running[s.uid] = s
-            self.ctx_base += s.prompt + s.done0 - s.p0
+            self.ctx_base += ctx - s.p0
             heapq.heappush(self.heap, (s.end, s.uid))
 
     # -- RolloutInstance -----------------------------------------------------------------------
     def load_version(self, v: int) -> None:
-        if self.running or self.queue:
-            raise RuntimeError(f"{self.name}: load_version({v}) while {len(self.running)} running and "
-                               f"{len(self.queue)} queued requests (export or interrupt them first)")
+        if self.running or self.queue or self.waiting:
+            raise RuntimeError(f"{self.name}: load_version({v}) while {len(self.running)} running, "
+                               f"{len(self.queue)} queued and {len(self.waiting)} tool-waiting requests "
+                               "(export or interrupt them first)")
         self._advance()
         t = self.cost.weight_load_s()
         now = self.clock.now()
@@ -189,27 +285,28 @@ class SimInstance:
         for r in reqs:
             if r.version != self.version:
                 raise RuntimeError(f"{self.name}: request {r.uid} has version {r.version}, instance hosts {self.version}")
-            self.queue[r.uid] = _Seq(r.uid, r.group_id, r.prompt_tokens, int(r.payload), 0, (), False)
+            self.queue[r.uid] = _Seq(r.uid, r.group_id, r.prompt_tokens, r.payload, 0, (), False)
         self._admit()
         self._reschedule()
 
     def _state(self, s: _Seq, done: int, has_kv: bool) -> RequestState:
-        kv = (s.prompt + done) * self.cost.model.kv_bytes_per_token if has_kv else 0
-        return RequestState(s.uid, s.group_id, self.version, s.prompt, done, has_kv, kv, s.target, s.versions)
+        kv = (s.prompt + s.extra + done) * self.cost.model.kv_bytes_per_token if has_kv else 0
+        return RequestState(s.uid, s.group_id, self.version, s.prompt, done, has_kv, kv, s.payload, s.versions,
+                            s.ready_at)
+
+    def _take_out(self, u: str, keep_kv: bool) -> RequestState:
+        s = self.running.get(u)
+        if s is not None:
+            done = min(s.turn_end - 1, s.done0 + int(self.P - s.p0))
+            self._remove(s)
+            self.tokens += done - s.done0
+            return self._state(s, done, keep_kv)
+        s = self.queue.pop(u, None) or self.waiting.pop(u)
+        return self._state(s, s.done0, keep_kv and s.has_kv)
 
     def export(self, uids: list[str]) -> list[RequestState]:
         self._advance()
-        out = []
-        for u in uids:
-            s = self.running.get(u)
-            if s is not None:
-                done = min(s.target - 1, s.done0 + int(self.P - s.p0))
-                self._remove(s)
-                self.tokens += done - s.done0
-                out.append(self._state(s, done, True))
-            else:
-                s = self.queue.pop(u)
-                out.append(self._state(s, s.done0, s.has_kv))
+        out = [self._take_out(u, True) for u in uids]
         self._admit()
         self._reschedule()
         return out
@@ -221,9 +318,17 @@ class SimInstance:
         for st in states:
             if st.version != self.version:
                 raise RuntimeError(f"{self.name}: import of {st.uid} at version {st.version}, instance hosts {self.version}")
-            resumed[st.uid] = _Seq(st.uid, st.group_id, st.prompt_tokens, int(st.payload), st.tokens_done,
-                                   tuple(st.token_versions), st.has_kv)
+            s = _Seq(st.uid, st.group_id, st.prompt_tokens, st.payload, st.tokens_done, tuple(st.token_versions),
+                     st.has_kv, st.resume_at)
             kv += st.kv_bytes
+            if s.ready_at is not None:            # between turns: the tool is still running
+                s.in_host = True
+                self.waiting[s.uid] = s
+                self.clock.call_at(s.ready_at, lambda s=s: self._tool_back(s))
+                continue
+            if s.plan is not None and s.has_kv:   # the tool's output arrived but is not prefilled yet
+                s.fresh = s.plan.tool_tokens_pending(s.done0)
+            resumed[st.uid] = s
         # in-flight work resumes first, in the order it was running (oldest admitted first)
         resumed.update(self.queue)
         self.queue = resumed
@@ -240,15 +345,7 @@ class SimInstance:
 
     def interrupt_all(self) -> list[RequestState]:
         self._advance()
-        out = []
-        for s in list(self.running.values()):
-            done = min(s.target - 1, s.done0 + int(self.P - s.p0))
-            self._remove(s)
-            self.tokens += done - s.done0
-            out.append(self._state(s, done, False))
-        for s in self.queue.values():
-            out.append(self._state(s, s.done0, False))
-        self.queue.clear()
+        out = [self._take_out(u, False) for u in [*self.running, *self.queue, *self.waiting]]
         self.heap.clear()
         self._reschedule()
         return out
@@ -258,4 +355,4 @@ class SimInstance:
         n = len(self.running)
         used = self.ctx_base + n * self.P
         return InstanceStats(n, len(self.queue), self.slots, used / self.kv_capacity if self.kv_capacity else 0.0,
-                             self.busy_until > self.clock.now())
+                             self.busy_until > self.clock.now(), self._step_s() if n else 0.0)

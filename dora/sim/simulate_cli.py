@@ -21,7 +21,7 @@ from dora.runtime.rollout import MODES, RolloutConfig, RolloutConfigError, Trace
 
 from .costmodel import MODELS
 from .simulator import SimConfig, SimulationError, ideal, simulate
-from .workloads import WorkloadError, get_workload
+from .workloads import WORKLOADS, WorkloadError, get_workload
 
 KEYS = ("mode", "step_time_s", "tokens_per_s", "rollout_only_fraction", "bubble_fraction", "staleness_max",
         "c1_violations", "c2_violations", "c3_violations", "overhead_fraction")
@@ -39,7 +39,7 @@ class _BadArgs(Exception):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="dora simulate", description="Simulate rollout modes (sync, one_step_off, partial, dora) "
                 "on a virtual cluster with the real orchestrator code.")
-    p.add_argument("--workload", default="dapo-math", help="built-in workload (dapo-math)")
+    p.add_argument("--workload", default="dapo-math", help=f"built-in workload: {', '.join(WORKLOADS)}")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="JSONL of {prompt_tokens, response_tokens} to resample instead of --workload")
     p.add_argument("--model", default="qwen2.5-32b", help=f"one of {', '.join(MODELS)}")
@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-gpus", type=int, default=0, help="trainer pool size for disaggregated modes (0 = balanced)")
     p.add_argument("--drop-groups", type=float, default=0.0, metavar="P",
                    help="fraction of finished groups a filter drops (DAPO dynamic sampling); replaced by new prompts")
+    p.add_argument("--elastic", action="store_true",
+                   help="trainer devices waiting for a batch serve rollout (every mode; colocated sync has none to lend)")
     p.add_argument("--json", default=None, metavar="FILE", help="write results as a JSON array")
     p.add_argument("--trace-out", default=None, metavar="FILE",
                    help="Chrome/Perfetto trace (one file per mode: FILE with .<mode> before the extension)")
@@ -85,7 +87,8 @@ def _configs(a: argparse.Namespace) -> list[SimConfig]:
     for m in modes:
         c = SimConfig(mode=m, model=a.model, gpus=a.gpus, steps=a.steps, seed=a.seed, train_batch=a.train_batch,
                       rollout_batch=a.rollout_batch, group_size=a.group_size, max_staleness=a.max_staleness,
-                      workload=a.workload, trace_file=a.trace, train_gpus=a.train_gpus, drop_groups=a.drop_groups)
+                      workload=a.workload, trace_file=a.trace, train_gpus=a.train_gpus, drop_groups=a.drop_groups,
+                      elastic=a.elastic)
         RolloutConfig(mode=m, train_batch=c.train_batch, rollout_batch=c.rollout_batch, group_size=c.group_size,
                       max_staleness=c.max_staleness).resolved()   # RolloutConfigError -> exit 2
         out.append(c)

@@ -18,6 +18,7 @@ from dora.runtime.rollout import RolloutConfig, RolloutController, TraceWriter
 
 from .virtual_clock import VirtualClock
 from .costmodel import MODELS, CostModel
+from .elastic_devices import ElasticDevices
 from .sim_instance import SimInstance
 from .trainer import SimTrainer
 from .workloads import PromptSource, Workload, get_workload
@@ -50,6 +51,7 @@ class SimConfig:
     rollout: dict = dataclasses.field(default_factory=dict)   # extra RolloutConfig fields (thresholds)
     max_idle_sim_s: float = 86400.0  # no training step for this long (simulated) = stuck
     drop_groups: float = 0.0        # DAPO dynamic sampling: this fraction of finished groups is dropped (seeded)
+    elastic: bool = False           # trainer devices serve rollout while the trainer waits (every mode; sync has none)
 
 
 def placement(cfg: SimConfig, cost: CostModel, workload: Workload) -> tuple[int, int, bool]:
@@ -63,10 +65,10 @@ def placement(cfg: SimConfig, cost: CostModel, workload: Workload) -> tuple[int,
         train = cfg.train_gpus
     else:
         # balance: minimise max(trainer time (fixed + work / train GPUs), rollout time (work / rollout GPUs))
-        p, r, ctx = workload.mean_lengths()
+        w = workload.stats()
         n = cfg.train_batch
-        roll = n * (r * cost.gpu_s_per_decoded_token(ctx) + cost.prefill_s(int(p)) * tp) / ROLLOUT_EFFICIENCY
-        trn = n * (p + r) * cost.train_flops_per_token / (cost.hw.flops * cost.hw.mfu_train)
+        roll = n * cost.rollout_gpu_s(w.prompt, w.decoded, w.tool_tokens, w.ctx_per_decoded) / ROLLOUT_EFFICIENCY
+        trn = cost.train_gpu_s(n * w.train_tokens)
         train = min(range(1, cfg.gpus - tp + 1),
                     key=lambda t: max(cost.train_fixed_s + trn / t, roll / ((cfg.gpus - t) // tp * tp)))
     rollout = (cfg.gpus - train) // tp
@@ -76,15 +78,21 @@ def placement(cfg: SimConfig, cost: CostModel, workload: Workload) -> tuple[int,
 
 
 def ideal(cfg: SimConfig) -> dict[str, float]:
-    """The bound with no bubbles: rollout decodes at its most efficient batch, nothing ever waits.
-    Best of: colocated (all step work over all GPUs, plus the trainer's fixed per-step cost) and
-    disaggregated at the best real-valued split T (max(fixed + train work / T, rollout work / (N - T)))."""
+    """The best step time any mode could reach at staleness K = cfg.max_staleness: the larger of
+    two bounds, both reported.
+    - capacity: the step's work with no bubble, rollout at its most efficient batch; the best of
+      colocated (all work over all GPUs, plus the trainer's fixed per-step cost) and disaggregated
+      at the best real-valued split T (max(fixed + train work / T, rollout work / (N - T))).
+    - latency floor: a step's longest trajectory cannot be generated faster than alone on an
+      instance (batch 1: `CostModel.lone_s`). With K = 0 it precedes the step's training; with
+      K >= 1 its version's data may be trained up to K steps after the version is published, and
+      a version can hold at most (K+1) x TBS trajectories (the staleness room), so over a run
+      only every (K+1)-th version needs to carry the long ones: step >= lone / (K + 1)."""
     cost = CostModel(MODELS[cfg.model])
-    w = get_workload(cfg.workload, cfg.trace_file)
-    p, r, ctx = w.mean_lengths(seed=cfg.seed + 1)
+    w = get_workload(cfg.workload, cfg.trace_file).stats(seed=cfg.seed + 1, step_trajectories=cfg.train_batch)
     n, N = cfg.train_batch, cfg.gpus
-    roll = n * (r * cost.gpu_s_per_decoded_token(ctx) + cost.prefill_s(int(p)) * cost.model.tp)
-    trn = n * (p + r) * cost.train_flops_per_token / (cost.hw.flops * cost.hw.mfu_train)
+    roll = n * cost.rollout_gpu_s(w.prompt, w.decoded, w.tool_tokens, w.ctx_per_decoded)
+    trn = cost.train_gpu_s(n * w.train_tokens)
     colocated = (roll + trn) / N + cost.train_fixed_s
     lo, hi = 1e-6, N - 1e-6                  # trainer time falls with T, rollout time rises: bisect
     for _ in range(100):
@@ -94,8 +102,14 @@ def ideal(cfg: SimConfig) -> dict[str, float]:
         else:
             hi = t
     split = max(cost.train_fixed_s + trn / lo, roll / (N - lo))
-    step = min(colocated, split)
-    return {"mode": "ideal", "step_time_s": step, "tokens_per_s": n * (p + r) / step,
+    capacity = min(colocated, split)
+    lone = cost.lone_s(w.longest_prompt, w.longest)
+    k = cfg.max_staleness
+    floor = lone + cost.train_fixed_s + trn / N if k == 0 else lone / (k + 1)
+    step = max(capacity, floor)
+    return {"mode": "ideal", "step_time_s": step, "tokens_per_s": n * w.train_tokens / step,
+            "capacity_step_s": capacity, "latency_floor_step_s": floor, "longest_alone_s": lone,
+            "bound": "capacity" if capacity >= floor else "latency",
             "rollout_only_fraction": 0.0, "bubble_fraction": 0.0, "overhead_fraction": 0.0}
 
 
@@ -146,6 +160,12 @@ def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) ->
             raise SimulationError("colocated mode started training while rollout was still generating")
 
     trainer = SimTrainer(ctl, cost, clock, train_gpus, trace, colocation_check)
+    lendable = [SimInstance(f"elastic{i}", cost, clock, on_finished, trace)
+                for i in range(train_gpus // cost.model.tp if cfg.elastic and not colocated else 0)]
+    for i in lendable:
+        i.slots = cfg.max_batch or i.slots
+    elastic = ElasticDevices(ctl, cost, clock, train_gpus, lendable)
+    trainer.blocked = elastic.blocked
 
     def tick() -> None:
         ctl.tick()
@@ -159,13 +179,14 @@ def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) ->
     snap: dict[str, float] = {}
 
     def busy_snapshot() -> dict[str, float]:
-        for i in instances:
+        everyone = instances + lendable
+        for i in everyone:
             i._advance()
         tp = cost.model.tp
         return {"t": clock.now(),
-                "roll_busy": tp * sum(i.decode_s + i.prefill_s + i.load_s + i.kv_import_s for i in instances),
-                "overhead": tp * sum(i.load_s + i.kv_import_s for i in instances),
-                "train": trainer.train_s * train_gpus, "tokens": trainer.tokens,
+                "roll_busy": tp * sum(i.busy_s() for i in everyone),
+                "overhead": tp * sum(i.overhead_s() for i in everyone) + train_gpus * elastic.handback_s,
+                "train": (trainer.train_s + elastic.handback_s) * train_gpus, "tokens": trainer.tokens,
                 "rollout_only": ctl.totals["rollout_only_s"]}
 
     if warm == 0:
@@ -174,6 +195,7 @@ def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) ->
     while trainer.step < cfg.steps:
         if not clock.step():
             raise SimulationError(f"{cfg.mode}: event queue empty before step {trainer.step}")
+        elastic.step(not (trainer.busy or trainer.publishing))
         trainer.maybe_start()
         if trainer.step_ends and trainer.step_ends[-1] > last_step_t:
             last_step_t = trainer.step_ends[-1]
@@ -196,7 +218,7 @@ def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) ->
         "train_gpus": train_gpus, "colocated": colocated, "steps": cfg.steps, "warmup_steps": warm,
         "step_time_s": span / steps, "tokens_per_s": tokens / span,
         "rollout_only_fraction": (end["rollout_only"] - snap["rollout_only"]) / span,
-        "bubble_fraction": max(0.0, 1 - busy / gpu_s),
+        "bubble_fraction": max(0.0, 1 - busy / gpu_s),       # idle device-time / device-time, every device
         "overhead_fraction": (end["overhead"] - snap["overhead"]) / gpu_s,
         "staleness_max": max(stal), "staleness_mean": sum(m.staleness_mean for m in sm) / len(sm),
         "c1_violations": summary["c1_violations"], "c2_violations": summary["c2_violations"],
@@ -206,5 +228,6 @@ def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) ->
         "weight_loads": summary["weight_loads"], "rebalances": summary["rebalances"],
         "total_time_s": end["t"], "trajectories_trained": summary["trained"],
         "in_flight_at_end": summary["in_flight_at_end"], "finished_untrained": summary["finished_untrained"],
-        "lost": summary["lost"], "dropped": summary["dropped"], "per_step": [m.to_dict() for m in sm],
+        "lost": summary["lost"], "dropped": summary["dropped"], "elastic": bool(lendable),
+        "elastic_lends": elastic.lends, "per_step": [m.to_dict() for m in sm],
     }

@@ -19,6 +19,8 @@ class SimTrainer:
         self.trace = trace or TraceWriter(enabled=False)
         self.before_step = before_step      # e.g. the colocation check
         self.busy = False
+        self.publishing = False
+        self.blocked: Callable[[], bool] = lambda: False     # elastic: devices lent out or coming back
         self.step = 0
         self.version = 0
         self.train_s = 0.0
@@ -27,7 +29,7 @@ class SimTrainer:
         self.step_tokens: list[int] = []
 
     def maybe_start(self) -> None:
-        if self.busy or not self.c.trainer_ready():
+        if self.busy or self.blocked() or not self.c.trainer_ready():
             return
         if self.before_step:
             self.before_step()
@@ -53,4 +55,9 @@ class SimTrainer:
         now = self.clock.now()
         self.trace.span("trainer", "publish", f"publish v{self.version}", now, now + pub)
         v = self.version
-        self.clock.call_later(pub, lambda: self.c.on_published(v))
+        self.publishing = True
+        self.clock.call_later(pub, lambda: self._published(v))
+
+    def _published(self, v: int) -> None:
+        self.publishing = False
+        self.c.on_published(v)

@@ -1,10 +1,13 @@
-"""Rollout configuration and the four modes as presets over the same components."""
+"""Rollout configuration: one dataclass for every mode. The mode rules (K and RBS each mode runs
+with) live in dora.graph.sections; each mode's behaviour is a policy in policies/."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from dora.graph.sections import MODES, ModeError, resolve_mode
+
+__all__ = ["MODES", "RolloutConfig", "RolloutConfigError"]
 
 
 class RolloutConfigError(ValueError):
@@ -23,14 +26,7 @@ class RolloutConfig:
     kv_pressure: float = 0.92            # any instance above this KV use -> rebalance
     kv_check_s: float = 30.0             # how often tick() polls instance stats for KV pressure
     queue_pressure: float = 0.5          # queued/slots on one instance while a peer of its version idles
-    legacy_min_slack_steps: int = 2      # legacy filling only for versions with >= this many steps left
-    legacy_kv_max: float = 0.7           # ... and only into instances with no queue and KV use below this (1 = by slots only)
-    urgent_batch: int = 64               # an urgent version is spread to <= this many requests per instance...
-    urgent_batch_tight: int = 32         # ... or this many while the long tail takes longer than the window
-                                         # (max generation time of recent trajectories >= K x step time)
-    urgent_slack_steps: int = 2          # urgent = fewer than this many steps left before its data would be too stale
     queue_allowance_groups: int = 1      # streaming: an instance gets new groups up to slots + this many groups
-    migrate: bool = True                 # dora: move requests between same-version instances
 
     def resolved(self) -> "RolloutConfig":
         """Validate and fill mode-dependent defaults; returns a new config."""
@@ -41,17 +37,3 @@ class RolloutConfig:
         except ModeError as e:
             raise RolloutConfigError(str(e)) from None
         return c
-
-    @property
-    def batch_barrier(self) -> bool:
-        """sync / one_step_off generate whole batches: dispatch TBS only when nothing is in flight."""
-        return self.mode in ("sync", "one_step_off")
-
-    @property
-    def interrupt_on_publish(self) -> bool:
-        return self.mode == "partial"
-
-    @property
-    def multi_version(self) -> bool:
-        """dora: several versions live; instances re-partitioned across them."""
-        return self.mode == "dora"

@@ -18,7 +18,7 @@ TakePrompts = Callable[[int], "list[list[Request]]"]
 
 
 class RolloutManager:
-    def __init__(self, instances: list[RolloutInstance], take_prompts: TakePrompts):
+    def __init__(self, instances: list[RolloutInstance], take_prompts: TakePrompts, group_size: int = 1):
         self.instances = {i.name: i for i in instances}
         if len(self.instances) != len(instances):
             raise ValueError("rollout instance names must be unique")
@@ -27,10 +27,10 @@ class RolloutManager:
         self.on_instance: dict[str, dict[str, Request]] = {n: {} for n in self.instances}  # insertion-ordered
         self.outstanding: dict[int, int] = collections.defaultdict(int)  # current version -> in flight
         self.exhausted = False                                            # take_prompts returned fewer groups
- 
         self._hosts: dict[int | None, list[str]] | None = None
-        self.slots: dict[str, int] = {}                                   # filled by the orchestrator
-        self._group_size_hint = 1                                         # set by the controller (G)
+        self.slots: dict[str, int] = {}                                   # learnt by slots_of()
+        self.group_size = group_size                                      # G: an instance takes whole groups
+        self.lent: set[str] = set()                                       # trainer devices serving rollout (elastic)
 
     # -- queries ------------------------------------------------------------------------------
     @property
@@ -40,6 +40,13 @@ class RolloutManager:
     def load(self, name: str) -> int:
         return len(self.on_instance[name])
 
+    def slots_of(self, name: str) -> int:
+        """An instance's concurrent-request slots, asked once (one stats() call) and kept."""
+        s = self.slots.get(name)
+        if s is None:
+            s = self.slots[name] = max(1, self.instances[name].stats().slots)
+        return s
+
     def hosts(self, version: int) -> list[str]:
         if self._hosts is None:
             h: dict[int | None, list[str]] = collections.defaultdict(list)
@@ -47,6 +54,25 @@ class RolloutManager:
                 h[i.version].append(n)
             self._hosts = h
         return list(self._hosts.get(version, ()))
+
+    def add_instance(self, inst: RolloutInstance, lent: bool = False) -> None:
+        """A rollout instance joins the pool (`lent`: a trainer device serving rollout for a while)."""
+        if inst.name in self.instances:
+            raise ValueError(f"rollout instance {inst.name!r} is already in the pool")
+        self.instances[inst.name] = inst
+        self.on_instance[inst.name] = {}
+        if lent:
+            self.lent.add(inst.name)
+        self._hosts = None
+
+    def remove_instance(self, name: str) -> None:
+        """An instance leaves the pool; it must hold no request."""
+        if self.on_instance[name]:
+            raise RuntimeError(f"remove_instance({name}): {len(self.on_instance[name])} requests still on it")
+        del self.instances[name], self.on_instance[name]
+        self.slots.pop(name, None)
+        self.lent.discard(name)
+        self._hosts = None
 
     def versions_changed(self) -> None:
         """Call after any load_version: the hosts cache is rebuilt on next use."""
@@ -62,7 +88,7 @@ class RolloutManager:
         names = targets if targets is not None else self.hosts(version)
         if n_groups <= 0 or not names:
             return []
-        box, g = self.on_instance, self._group_size_hint
+        box, g = self.on_instance, self.group_size
         if allowance is None:
             heap = [(len(box[n]), i, n, 1 << 60) for i, n in enumerate(names)]
         else:

@@ -20,8 +20,8 @@ from __future__ import annotations
 import collections
 import math
 
+from .dispatch import Dispatcher
 from .manager import RolloutManager
-from .trace import TraceWriter
 
 
 def partition(total: int, load: dict[int, int]) -> dict[int, int]:
@@ -48,63 +48,44 @@ def partition(total: int, load: dict[int, int]) -> dict[int, int]:
 
 
 class Orchestrator:
-    def __init__(self, manager: RolloutManager, clock, trace: TraceWriter, on_load, on_migrated):
-        self.m, self.clock, self.trace = manager, clock, trace
-        self.on_load = on_load              # callback(name, version): controller loads weights + books it
-        self.on_migrated = on_migrated      # callback(n_requests, kv_bytes)
-        self.slots: dict[str, int] = {}
+    """Decides; the Dispatcher does (weight loads, migrations)."""
 
-    def slots_of(self, name: str) -> int:
-        s = self.slots.get(name)
-        if s is None:
-            s = self.slots[name] = self.m.slots[name] = max(1, self.m.instances[name].stats().slots)
-        return s
+    def __init__(self, manager: RolloutManager, dispatcher: Dispatcher):
+        self.m, self.d = manager, dispatcher
+        self.slots_of = manager.slots_of
+        self.migrate = dispatcher.migrate
 
-    def migrate(self, src: str, uids: list[str], dests: list[str]) -> int:
-        """Move requests from src to the least-loaded of dests (all the same version as src)."""
+    def rebalance(self, newest: int, inject: int, spread: dict[int, int] | None = None,
+                  newest_floor: int = 1) -> dict[str, int]:
+        """`spread`: versions whose stragglers must be sped up -> at most this many requests per
+        instance for them, on instances taken from the newest version's share but never below
+        `newest_floor` instances (what keeps the trainer fed)."""
         m = self.m
-        if not uids or not dests:
-            return 0
-        version = m.instances[src].version
-        assert all(m.instances[d].version == version for d in dests), "migration across versions"
-        states = m.instances[src].export(uids)
-        reqs = {r.uid: r for r in m.forget(src, [s.uid for s in states])}
-        loads = {d: m.load(d) - self.slots_of(d) for d in dests}
-        per: dict[str, list] = collections.defaultdict(list)
-        for s in states:
-            d = min(loads, key=loads.__getitem__)
-            per[d].append(s)
-            loads[d] += 1
-        kv = 0
-        for d, ss in per.items():
-            m.place(d, [reqs[s.uid] for s in ss])
-            m.instances[d].import_(ss)
-            kv += sum(s.kv_bytes for s in ss)
-        now = self.clock.now()
-        self.trace.instant("orchestrator", "migrations", f"migrate v{version}", now,
-                           src=src, dests=sorted(per), requests=len(states), kv_bytes=kv)
-        self.on_migrated(len(states), kv)
-        return len(states)
-
-    def rebalance(self, newest: int, inject: int, next_step: int | None = None, max_staleness: int = 0,
-                  urgent_batch: int = 0, urgent_slack: int = 2) -> dict[str, int]:
-        m = self.m
+        # lent trainer devices (elastic) are extra instances of the newest version, outside the partition
+        regular = {n: i for n, i in m.instances.items() if n not in m.lent}
         load = dict(m.outstanding)
+        for n in m.lent:
+            v = m.instances[n].version
+            load[v] = load.get(v, 0) - m.load(n)
         if inject:
             load[newest] = load.get(newest, 0) + inject
-        targets = partition(len(m.instances), load) or {newest: len(m.instances)}
-        urgent = self._urgent(load, newest, next_step, max_staleness, urgent_slack)
-        if urgent_batch and urgent:
-            # deadline: a version the trainer must drain by the next step gets instances enough for
-            # small batches (faster tokens), taken from the newest version's share
-            for v in urgent:
-                want = min(-(-load[v] // urgent_batch), len(m.instances) - 1)
-                give = min(want - targets.get(v, 0), targets.get(newest, 0) - 1)
-                if give > 0:
-                    targets[v] = targets.get(v, 0) + give
-                    targets[newest] -= give
+        targets = partition(len(regular), load) or {newest: len(regular)}
+        spread = {v: b for v, b in (spread or {}).items() if load.get(v, 0) > 0 and v != newest}
+        urgent = list(spread)
+        # deadline: a version the trainer must drain in time gets instances enough for small
+        # batches (faster tokens), oldest (earliest deadline) first, taken from the newest
+        # version's share but never below newest_floor
+        room = targets.get(newest, 0) - max(1, newest_floor)
+        want: dict[int, int] = {}
+        for v, b in sorted(spread.items()):
+            have = targets.get(v, 0)
+            want[v] = max(have, min(-(-load[v] // b), have + max(0, room)))
+            if want[v] > have:        # room > 0 here, so the newest version holds these instances
+                room -= want[v] - have
+                targets[newest] -= want[v] - have
+                targets[v] = want[v]
         hosts: dict[int | None, list[str]] = collections.defaultdict(list)
-        for n, inst in m.instances.items():
+        for n, inst in regular.items():
             hosts[inst.version].append(n)
         free: list[str] = []
         for v, names in list(hosts.items()):
@@ -116,8 +97,8 @@ class Orchestrator:
             # consolidating stragglers into queues would delay the drain the trainer waits on
             slots = max(self.slots_of(n) for n in names)
             keep_n = max(1, targets.get(v, 0), -(-load[v] // slots))
-            if v in urgent:           # near its deadline: keep enough instances for small batches
-                keep_n = min(len(names), max(keep_n, -(-load[v] // max(1, urgent_batch))))
+            if v in want:             # near its deadline: keep the instances its small batches need
+                keep_n = min(len(names), max(keep_n, want[v]))
             extra = len(names) - keep_n
             if extra <= 0:
                 continue
@@ -142,15 +123,9 @@ class Orchestrator:
             if m.instances[n].version != newest:
                 moves[n] = newest
         for n, v in moves.items():
-            self.on_load(n, v)
-        self.balance_within_versions(urgent if urgent_batch else ())
+            self.d.load(n, v)
+        self.balance_within_versions(urgent)
         return moves
-
-    @staticmethod
-    def _urgent(load: dict[int, int], newest: int, next_step: int | None, k: int, slack: int) -> list[int]:
-        if next_step is None:
-            return []
-        return [v for v, n in load.items() if n and v != newest and v + k - next_step < slack]
 
     def balance_within_versions(self, even: tuple | list = ()) -> int:
         """Move queued-beyond-slots requests to same-version peers with free slots; for versions

@@ -34,6 +34,7 @@ class RequestState:
     kv_bytes: int = 0
     payload: Any = None
     token_versions: tuple[int, ...] = ()   # distinct versions that generated tokens so far
+    resume_at: float | None = None         # multi-turn: between turns, the tool's output is due then (clock time)
 
 
 @dataclasses.dataclass(slots=True)
@@ -43,6 +44,7 @@ class InstanceStats:
     slots: int                   # max concurrent requests (max_num_seqs)
     kv_used_fraction: float      # 0..1
     loading: bool = False        # a weight load is still in progress
+    step_s: float = 0.0          # measured seconds per decode iteration now (0: idle or not reported)
 
 
 @dataclasses.dataclass(slots=True)
