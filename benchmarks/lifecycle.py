@@ -11,8 +11,8 @@ Four measurements of real `dora run`s on this machine:
 3. respawn: a generate replica SIGKILLed after step 3: seconds from the kill to the respawned
    replica being wired, at the newest version, with the lost groups reissued (summary respawn_log);
 4. coordination CPU: the same 10-step sync quickstart at this checkout and at --baseline-rev (a
-   git worktree of that revision, run side by side): CPU per process (% of one core over the run)
-   and train tokens/s, with ratios.
+   git worktree of that revision, run side by side): CPU per process (% of one core, from the 2nd
+   trained step to the last: start-up excluded) and train tokens/s, with ratios.
 """
 
 from __future__ import annotations
@@ -139,10 +139,11 @@ def cpu_of(pid: int) -> float:
 
 
 def coordination(root: str, work: str, label: str) -> dict:
-    """CPU seconds of every process of a 10-step sync quickstart, sampled until it exits."""
+    """CPU of every process of a 10-step sync quickstart in its steady state: from its 2nd trained step
+    to its last sample (start-up imports and model loads excluded, as they are paid once)."""
     out = os.path.join(work, f"cpu-{label}")
     p = launch(root, "quickstart.yaml", out, "nodes.train.params.steps=10")
-    names, last, t0 = {p.pid: "controller"}, {}, time.monotonic()
+    names, last, first, t_first, t_last = {p.pid: "controller"}, {}, None, None, None
     while p.poll() is None:
         for entry in os.listdir("/proc"):
             if entry.isdigit() and int(entry) not in names:
@@ -155,17 +156,24 @@ def coordination(root: str, work: str, label: str) -> dict:
                     continue
                 if ppid == p.pid and b"--node" in cmd:
                     names[int(entry)] = f"{cmd[cmd.index(b'--node') + 1].decode()}[{cmd[cmd.index(b'--replica') + 1].decode()}]"
+        now = {}
         for pid in names:
             try:
-                last[pid] = cpu_of(pid)
+                now[pid] = cpu_of(pid)
             except OSError:
                 pass
+        if first is None and trained_steps(out) >= 2:
+            first, t_first = now, time.monotonic()
+        elif first is not None and trained_steps(out) < 10:
+            last, t_last = now, time.monotonic()
         time.sleep(0.2)
     finish(p)
-    wall = time.monotonic() - t0
+    if first is None or t_last is None or t_last <= t_first:
+        raise RuntimeError(f"{label}: the run ended before a steady-state window could be sampled")
+    window = t_last - t_first
     s = summary(out)
-    return {"wall_s": wall, "tokens_per_s": s.get("tokens_per_s"),
-            "cpu_pct": {names[pid]: 100 * last.get(pid, 0.0) / wall for pid in names}}
+    return {"window_s": window, "tokens_per_s": s.get("tokens_per_s"),
+            "cpu_pct": {names[pid]: 100 * (last[pid] - first[pid]) / window for pid in names if pid in first and pid in last}}
 
 
 def baseline_tree(rev: str, work: str) -> str:

@@ -308,10 +308,19 @@ class RLDriver:
     def on_stop(self, reason: str) -> None:
         """The run is asked to stop (a signal): dispatch no more, checkpoint what the trainer has trained."""
         self._done = True
+        deadline = time.monotonic() + STOP_CHECKPOINT_S
         try:   # bounded: a trainer deep in a long step leaves the last periodic checkpoint as the one to use
-            self.ctrl.call(self.roles.update, 0, "stats", {}, timeout=STOP_CHECKPOINT_S)   # returns once it is idle
-            self.ctrl.deliver_events()   # the step it just finished, if any (written and maybe checkpointed)
-            if self.steps_done > self.initial_version and self.sent_batch is None and (
+            while True:
+                # returns once the trainer is between steps; a batch already sent is still trained
+                # (it may wait in its inbox): the checkpoint comes after it, so nothing sent is lost
+                self.ctrl.call(self.roles.update, 0, "stats", {}, timeout=max(1.0, deadline - time.monotonic()))
+                self.ctrl.deliver_events()   # the step it just finished, if any (written and maybe checkpointed)
+                if self.sent_batch is None:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the trainer did not finish step {self.steps_done + 1} within {STOP_CHECKPOINT_S:.0f} s")
+                time.sleep(0.05)
+            if self.steps_done > self.initial_version and (
                     not self.checkpoints or not self.checkpoints[-1].endswith(f"step_{self.steps_done}")):
                 self._commit(run_state.capture(self, self.steps_done))
         except Exception as e:
