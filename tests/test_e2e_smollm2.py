@@ -11,7 +11,7 @@ import pytest
 
 from e2e_audit import RunDir, check_accounting, check_ledger, dora_run
 
-STEPS, TRAIN_BATCH, GROUP, K = 4, 16, 8, 1
+STEPS, TRAIN_BATCH, GROUP, K = 3, 16, 8, 1
 
 
 @pytest.mark.smollm2

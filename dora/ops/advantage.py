@@ -20,7 +20,8 @@ import torch
 from dora.algos import advantages as adv_mod
 from dora.algos import kl as kl_mod
 from dora.ops.base import OpContext, Operator
-from dora.ops.batching import pad_lists, require_columns, response_mask, unpad, with_column
+from dora.ops.batching import pad_lists, response_mask, unpad
+from dora.ops.arrow_rows import require_columns, with_column
 from dora.ops.group_buffer import GroupBuffer
 
 class AdvantageOp(Operator):

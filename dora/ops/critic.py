@@ -29,7 +29,8 @@ from torch import nn
 from dora.algos.advantages import gae_returns
 from dora.algos.losses import aggregate
 from dora.ops.base import OpContext
-from dora.ops.batching import collate, micro_batches, pad_lists, require_columns, response_mask, unpad, with_column
+from dora.ops.batching import collate, micro_batches, pad_lists, response_mask, unpad
+from dora.ops.arrow_rows import require_columns, with_column
 from dora.ops.logprobs import response_hidden
 from dora.ops.sharding.fsdp_model import ShardedModel
 from dora.ops.sharding.sharded_op import ShardedOp

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dora.ops.base import OpContext, Operator
-from dora.ops.batching import require_columns
+from dora.ops.arrow_rows import require_columns
 from dora.ops.group_buffer import GroupBuffer
 
 # rewards closer than this count as equal (float32 rewards computed by different code paths)

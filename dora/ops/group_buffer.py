@@ -13,7 +13,7 @@ from collections import Counter
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dora.ops.batching import concat_rows, to_batch
+from dora.ops.arrow_rows import concat_rows, to_batch
 
 
 class GroupBuffer:

@@ -19,7 +19,8 @@ import pyarrow as pa
 import torch
 
 from dora.ops.base import OpContext
-from dora.ops.batching import collate, micro_batches, require_columns, unpad, with_column
+from dora.ops.batching import collate, micro_batches, unpad
+from dora.ops.arrow_rows import require_columns, with_column
 from dora.ops.logprobs import response_logprobs
 from dora.ops.sharding.fsdp_model import ShardedModel
 from dora.ops.sharding.sharded_op import ShardedOp

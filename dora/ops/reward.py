@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable
 import pyarrow as pa
 
 from dora.ops.base import OpContext, Operator
-from dora.ops.batching import require_columns, with_column
+from dora.ops.arrow_rows import require_columns, with_column
 
 BUILTIN_FNS = ("synthetic", "math_verify", "reasoning_gym", "format")
 

@@ -19,7 +19,8 @@ import torch
 from dora.algos import losses, off_policy
 from dora.algos.schedule import lr_at
 from dora.ops.base import OpContext
-from dora.ops.batching import collate, concat_rows, micro_batches, pad_lists, require_columns, response_mask
+from dora.ops.batching import collate, micro_batches, pad_lists, response_mask
+from dora.ops.arrow_rows import concat_rows, require_columns
 from dora.ops.logprobs import response_logprobs
 from dora.ops.sharding.fsdp_model import ShardedModel
 from dora.ops.sharding.sharded_op import ShardedOp
