@@ -304,7 +304,8 @@ class UpdateOp(ShardedOp):
             with torch.no_grad():
                 for k, mb in enumerate(mbs):
                     with self.sharded.compute():
-                        old[k] = response_logprobs(self.model, self._micro_batch(cols, mb), temperature=self.temperature)[0]
+                        pb = self._collate(self._rows(cols, mb), mb is None)
+                        old[k] = response_logprobs(self.model, pb, temperature=self.temperature)[0]
             step_corr, token_w = self._correct_step(cols, mbs, old)
         sums: dict[str, float] = {}
         weight_sum = loss_total = 0.0
@@ -317,7 +318,8 @@ class UpdateOp(ShardedOp):
             self.optimizer.zero_grad(set_to_none=True)
             for k, mb in enumerate(mbs):
                 self.ctx.progress()   # a long step is still work: the stall watchdog sees each micro-batch
-                pb = self._micro_batch(cols, mb)
+                rows = self._rows(cols, mb)
+                pb = self._collate(rows, mb is None)
                 T = pb.response_ids.shape[1]
                 with self.sharded.compute():
                     logp, ent = response_logprobs(self.model, pb, temperature=self.temperature, with_entropy=True,
@@ -325,10 +327,9 @@ class UpdateOp(ShardedOp):
                 if k not in old:
                     old[k] = logp.detach()
                 if k not in token_w:   # token by token: this micro-batch's rows alone decide them
-                    behav = pad_lists(self._rows(cols, mb)["behavior_logprobs"], T).to(dev)
+                    behav = pad_lists(rows["behavior_logprobs"], T).to(dev)
                     token_w[k] = off_policy.compute(self.correction, prox_logprobs=old[k], mask=pb.response_mask,
                                                     behavior_logprobs=behav, **self.correction_params).weight
-                rows = self._rows(cols, mb)
                 extra = {}
                 if header["use_ref"]:
                     extra = {"ref_logprobs": pad_lists(rows["ref_logprobs"], T).to(dev), "kl_coef": p["kl_coef"],
@@ -372,10 +373,9 @@ class UpdateOp(ShardedOp):
     def _rows(self, cols: dict[str, list], mb: list[int] | None) -> dict[str, list]:
         return self._empty_pass() if mb is None else {c: [v[i] for i in mb] for c, v in cols.items()}
 
-    def _micro_batch(self, cols: dict[str, list], mb: list[int] | None):
-        rows = self._rows(cols, mb)
+    def _collate(self, rows: dict[str, list], empty: bool):
         pb = collate(rows["prompt_ids"], rows["response_ids"], self.pad_id).to(self.ctx.device)
-        if mb is None:
+        if empty:   # a padding pass (_empty_pass): it takes part in the collectives, its loss is zero
             pb.response_mask.zero_()
         return pb
 
@@ -383,14 +383,13 @@ class UpdateOp(ShardedOp):
                       ) -> tuple[off_policy.Correction, dict[int, torch.Tensor]]:
         """The correction over the whole step, every rank's rows (gathered: lr_scale and batch-wide
         thresholds must not depend on how rows were split), and this rank's token weights per micro-batch."""
-        mine: list[list[float]] = []   # log pi_prox - log pi_behav of each of this rank's rows, micro-batch order
+        mine: list[torch.Tensor] = []   # log pi_prox - log pi_behav of each of this rank's rows, micro-batch order
         for k, mb in enumerate(mbs):
             for j, i in enumerate(mb or ()):
-                n = len(cols["response_ids"][i])
-                prox = old[k][j, :n].double().cpu()
-                mine.append((prox - torch.tensor(cols["behavior_logprobs"][i], dtype=torch.float64)).tolist())
+                behav = torch.tensor(cols["behavior_logprobs"][i], dtype=torch.float64)
+                mine.append(old[k][j, :len(behav)].double().cpu() - behav)
         every, offset = (mine, 0) if self.group is None else self.group.all_gather_rows(mine)
-        log_r = pad_lists(every)
+        log_r = torch.nn.utils.rnn.pad_sequence(every, batch_first=True) if every else torch.zeros(0, 0, dtype=torch.float64)
         mask = response_mask([len(r) for r in every], log_r.shape[1])
         corr = off_policy.compute(self.correction, prox_logprobs=log_r, behavior_logprobs=torch.zeros_like(log_r),
                                   mask=mask, **self.correction_params)

@@ -125,27 +125,24 @@ class RankGroup:
             out.append(buf.numpy().tobytes())
         return out
 
-    def all_gather_rows(self, mine: list[list[float]]) -> tuple[list[list[float]], int]:
-        """Every rank: every rank's rows of numbers, in rank order, and where this rank's rows start.
-        (Two all_gathers of float64 tensors: the sizes, then the rows padded to the longest rank's.)"""
-        flat = [float(len(mine))] + [float(len(r)) for r in mine] + [x for r in mine for x in r]
+    def all_gather_rows(self, mine: list[torch.Tensor]) -> tuple[list[torch.Tensor], int]:
+        """Every rank: every rank's 1-D float64 rows, in rank order, and where this rank's rows start.
+        (Two all_gathers: each rank's [row count, row lengths..., values...] size, then that vector
+        padded to the longest rank's.)"""
+        flat = torch.cat([torch.tensor([float(len(mine))] + [float(len(r)) for r in mine], dtype=torch.float64), *mine])
         sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
         dist.all_gather(sizes, torch.tensor([len(flat)], dtype=torch.int64))
         width = int(max(int(n) for n in sizes))
         parts = [torch.zeros(width, dtype=torch.float64) for _ in range(self.world)]
-        dist.all_gather(parts, torch.nn.functional.pad(torch.tensor(flat, dtype=torch.float64), (0, width - len(flat))))
-        rows: list[list[float]] = []
+        dist.all_gather(parts, torch.nn.functional.pad(flat, (0, width - len(flat))))
+        rows: list[torch.Tensor] = []
         offset = 0
         for r, part in enumerate(parts):
-            values = part.tolist()
-            count = int(values[0])
-            lengths = [int(n) for n in values[1:1 + count]]
-            at = 1 + count
+            count = int(part[0])
+            lengths = [int(n) for n in part[1:1 + count]]
             if r == self.rank:
                 offset = len(rows)
-            for n in lengths:
-                rows.append(values[at:at + n])
-                at += n
+            rows.extend(torch.split(part[1 + count:1 + count + sum(lengths)], lengths))
         return rows, offset
 
     def sum(self, values: list[float]) -> list[float]:
