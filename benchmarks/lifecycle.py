@@ -101,8 +101,9 @@ def resume(work: str, steps: int) -> dict:
             "first_step_s": first, "resume_total_s": time.monotonic() - t0, "steps": steps}
 
 
-def rollout_pids(controller: int) -> list[int]:
-    pids = []
+def workers_of(controller: int) -> dict[int, str]:
+    """The worker processes a `dora run` started (local backend), by pid: their replica labels."""
+    out = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -113,16 +114,16 @@ def rollout_pids(controller: int) -> list[int]:
                 cmd = f.read().split(b"\0")
         except OSError:
             continue
-        if ppid == controller and b"--node" in cmd and cmd[cmd.index(b"--node") + 1] == b"rollout":
-            pids.append(int(entry))
-    return sorted(pids)
+        if ppid == controller and b"--node" in cmd:
+            out[int(entry)] = f"{cmd[cmd.index(b'--node') + 1].decode()}[{cmd[cmd.index(b'--replica') + 1].decode()}]"
+    return out
 
 
 def respawn(work: str, steps: int) -> dict:
     out = os.path.join(work, "respawn")
     p = launch(ROOT, "quickstart.yaml", out, *QUICK, *DORA, f"nodes.train.params.steps={steps}")
     wait_steps(p, out, 3)
-    victim = rollout_pids(p.pid)[0]
+    victim = min(pid for pid, label in workers_of(p.pid).items() if label.startswith("rollout["))
     killed_at = time.time()
     os.kill(victim, signal.SIGKILL)
     finish(p)
@@ -145,17 +146,7 @@ def coordination(root: str, work: str, label: str) -> dict:
     p = launch(root, "quickstart.yaml", out, "nodes.train.params.steps=10")
     names, last, first, t_first, t_last = {p.pid: "controller"}, {}, None, None, None
     while p.poll() is None:
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and int(entry) not in names:
-                try:
-                    with open(f"/proc/{entry}/stat") as f:
-                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                    with open(f"/proc/{entry}/cmdline", "rb") as f:
-                        cmd = f.read().split(b"\0")
-                except OSError:
-                    continue
-                if ppid == p.pid and b"--node" in cmd:
-                    names[int(entry)] = f"{cmd[cmd.index(b'--node') + 1].decode()}[{cmd[cmd.index(b'--replica') + 1].decode()}]"
+        names.update(workers_of(p.pid))
         now = {}
         for pid in names:
             try:
