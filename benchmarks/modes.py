@@ -56,12 +56,14 @@ def run_key(pipeline: str, mode: str, correction: str, seed: int, steps: int, ov
 
 
 def plan(a) -> list[dict]:
+    """Seed-major: every mode's run of seed s comes before any run of seed s+1, so a machine whose
+    load drifts over a long sweep slows every mode alike instead of the modes that ran last."""
     runs = []
-    for pipeline in a.pipelines:
-        for mode in a.modes:
-            name, _ = parse_mode(mode)
-            for correction in (["default"] if name == "sync" else a.corrections):
-                for seed in a.seeds:
+    for seed in a.seeds:
+        for pipeline in a.pipelines:
+            for mode in a.modes:
+                name, _ = parse_mode(mode)
+                for correction in (["default"] if name == "sync" else a.corrections):
                     runs.append({"pipeline": pipeline, "mode": mode, "correction": correction, "seed": seed,
                                  "steps": a.steps, "overrides": a.overrides,
                                  "key": run_key(pipeline, mode, correction, seed, a.steps, a.overrides)})
