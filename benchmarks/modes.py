@@ -18,6 +18,7 @@ The report, per pipeline, mode and correction (means over seeds, with the per-se
   tokens/s                every trained prompt + response token over the run's wall time (start-up
                           included), and its ratio to sync's
   gain                    last-20 reward minus first-5 reward: a mode that does not learn shows ~0
+  paired gap              last-20 reward minus sync's, seed by seed, mean ± standard error
 and staleness, the importance-weight statistics, C1 violations and re-prefilled tokens. --png draws
 reward vs step and vs wall time, mean and seed band per mode.
 """
@@ -188,21 +189,37 @@ def summarize(results: list[dict]) -> list[dict]:
                      and s["steps"] == row["steps"]), None)
         row["x_sync"] = row["tokens_per_s"]["mean"] / sync["tokens_per_s"]["mean"] if sync else None
         row["gap_to_sync"] = row["reward_last"]["mean"] - sync["reward_last"]["mean"] if sync else None
+        row["paired_gap"] = paired_gap(row, sync) if sync and row is not sync else None
     return rows
+
+
+def paired_gap(row: dict, sync: dict) -> dict | None:
+    """The gap to sync seed by seed (seed s of both modes starts from the same weights and prompts),
+    mean and standard error over the seeds both have: the seed-to-seed spread, which both modes
+    share, cancels, so this resolves smaller gaps than the difference of the two means."""
+    mine = dict(zip(row["seeds"], row["reward_last"]["by_seed"]))
+    theirs = dict(zip(sync["seeds"], sync["reward_last"]["by_seed"]))
+    diffs = [mine[s] - theirs[s] for s in sorted(mine.keys() & theirs.keys())]
+    if not diffs:
+        return None
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
+    return {"mean": statistics.fmean(diffs), "se": se, "n": len(diffs)}
 
 
 def table(rows: list[dict]) -> str:
     head = ("| pipeline | mode | off_policy | seeds | reward last 20 (mean ± std; per seed) | vs sync | gain | "
-            "reward at equal time (s; steps) | tok/s (x sync) | wall s | stale | ESS | dropped | C1 | re-prefill |")
+            "paired gap ± se (seeds) | reward at equal time (s; steps) | tok/s (x sync) | wall s | stale | ESS | dropped | C1 | re-prefill |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         rl, rt, tps = r["reward_last"], r["reward_at_time"], r["tokens_per_s"]
         gap = "" if r["gap_to_sync"] is None else f"{r['gap_to_sync']:+.3f}"
         ratio = "-" if r["x_sync"] is None else f"{r['x_sync']:.2f}"
+        pg = r["paired_gap"]
+        paired = "" if pg is None else f"{pg['mean']:+.3f} ± {pg['se']:.3f} ({pg['n']})"
         out.append(
             f"| {r['pipeline'].removesuffix('.yaml')} | {r['mode']} | {r['correction']} | {len(r['seeds'])} "
             f"| {rl['mean']:.3f} ± {rl['std']:.3f}; {' / '.join(f'{x:.2f}' for x in rl['by_seed'])} | {gap} "
-            f"| {r['gain']:+.3f} | {rt['mean']:.3f} ± {rt['std']:.3f} ({r['time_eq_s']:.0f} s; {r['steps_at_time']:.0f}) "
+            f"| {r['gain']:+.3f} | {paired} | {rt['mean']:.3f} ± {rt['std']:.3f} ({r['time_eq_s']:.0f} s; {r['steps_at_time']:.0f}) "
             f"| {tps['mean']:,.0f} ({ratio}) | {r['wall_s']['mean']:.0f} | {r['staleness_mean']:.2f} "
             f"| {r['is_seq_ess']:.2f} | {r['is_dropped_frac']:.4f} | {r['c1_violations']} | {r['reprefill_tokens']} |")
     return "\n".join(out)

@@ -79,3 +79,20 @@ def test_one_short_real_run(tmp_path):
     assert r["ok"] and len(r["per_step"]["reward_mean"]) == 25 and r["c1_violations"] == 0 and r["lost"] == 0
     assert max(r["per_step"]["staleness_mean"]) > 0 and 0 < min(r["per_step"]["is_seq_ess"][1:]) <= 1
     assert modes.main(["report", *argv]) == 0
+
+
+def test_paired_gap_compares_seed_by_seed(tmp_path):
+    """Seeds spread far more than the modes differ: the paired gap takes seed s of dora against seed s of
+    sync (same start), and only seeds both modes have."""
+    n = 25
+    runs = [fake_run("sync", s, [r] * n, list(range(1, n + 1)), 100.0) for s, r in ((0, 0.5), (1, 0.9))]
+    runs += [fake_run("dora:1", s, [r] * n, list(range(1, n + 1)), 100.0) for s, r in ((0, 0.4), (1, 0.85), (2, 0.0))]
+    with open(tmp_path / "runs.jsonl", "w") as fh:
+        for r in runs:
+            fh.write(json.dumps(r) + "\n")
+    rows = {r["mode"]: r for r in modes.summarize(modes.load_results(str(tmp_path)))}
+    pg = rows["dora:1"]["paired_gap"]
+    assert pg["n"] == 2 and pg["mean"] == pytest.approx(-0.075)
+    assert pg["se"] == pytest.approx(0.025)
+    assert rows["sync"]["paired_gap"] is None
+    assert "-0.075 ± 0.025 (2)" in modes.table(list(rows.values()))
