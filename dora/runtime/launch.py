@@ -321,6 +321,8 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
             for key in ("c1_violations", "c2_violations", "c3_violations"):
                 summary[key] = max(summary.get(key, 0), summary["accounting"].get(key, 0))
             summary["weight_loads"] = driver.weight_loads
+            if driver.elastic is not None:   # lends, hand-back seconds, requests and KV bytes moved
+                summary["elastic"] = driver.elastic.summary()
             summary["checkpoints"] = driver.checkpoint_log
             driver.trace.write(os.path.join(run_dir, "trace.json"))
         else:

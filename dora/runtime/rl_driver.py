@@ -11,6 +11,9 @@ The controller streams the graph as dataflow, except two edges it hands to this 
 Generate replicas are RolloutInstances through `ReplicaInstance` (control calls: load_version,
 export, import_, interrupt_all, stats). Events from the ops close the loop: `finished` (generate)
 -> on_finished, `train_step` -> on_trained + a metrics line, `weights` -> on_published.
+With `async.elastic`, spare generate replicas on the trainer's devices serve rollout while the
+trainer waits (dora/runtime/elastic_lending.py): lent when the trainer idles, reclaimed before a
+batch is taken for it.
 The same RolloutController runs in the simulator on a virtual clock (dora/sim).
 """
 
@@ -27,6 +30,7 @@ import pyarrow as pa
 from dora.graph.model import Graph
 from dora.graph.resolve import Resolved
 from dora.runtime.clock import RealClock
+from dora.runtime.elastic_lending import ElasticLending
 from dora.runtime.errors import ReplicaLost
 from dora.runtime.rollout import (Finished, InstanceStats, Request, RequestState, RolloutConfig, RolloutController,
                                   TraceWriter)
@@ -209,6 +213,7 @@ class RLDriver:
         self.resolved_ops = {n: resolved.op_of(n) for n in self.graph.nodes}
         self.respawns = self.reissued_requests = self.reissue_serial = 0
         self.late_rows = 0                           # scored rows of a retired attempt, dropped on arrival
+        self.elastic: ElasticLending | None = None   # async.elastic: set up with the rollout controller
 
     # ------------------------------------------------------------ controller hooks
     def attach(self, ctrl) -> None:
@@ -338,7 +343,9 @@ class RLDriver:
         self.progress.status(f"{node}[{replica}] lost ({why.splitlines()[0][:120]}); respawned, its work reissued")
         self.respawns += 1
         rc = self._rc()
-        if node == self.roles.generate:
+        if node == self.roles.generate and self.elastic is not None and self.elastic.owns(replica):
+            gids, revoked = self.elastic.replaced(replica)
+        elif node == self.roles.generate:
             name = f"{node}[{replica}]"
             rc.manager.instances[name].version = 0   # the new process holds the seeded initial weights
             gids, revoked = rc.instance_replaced(name)
@@ -406,6 +413,9 @@ class RLDriver:
                                         initial_version=self.initial_version)
             self.rc.restore_finished(self.restored_finished)
             self.rc.start()
+            spares = [r.replica for r in self.ctrl.plan.of(gen.name) if r.spare]
+            if spares:
+                self.elastic = ElasticLending(self, [ReplicaInstance(self, gen.name, r, slots) for r in spares])
         return self.rc
 
     def _add_prompts(self, batch: pa.RecordBatch) -> None:
@@ -441,9 +451,17 @@ class RLDriver:
     def _maybe_train(self) -> None:
         if self.rc is None or self.sent_batch is not None or self._done or self.batches_sent >= self.total_steps:
             return   # (after the last step nothing more is taken: the rest is accounted as untrained)
+        elastic = self.elastic
+        if elastic is not None and elastic.busy:
+            return   # (events delivered inside a lend or reclaim come back here)
         if self.pending_batch is None and self.rc.trainer_ready():
-            self.pending_batch = [t.uid for t in self.rc.take_batch()]
+            if elastic is not None:
+                elastic.reclaim()   # the trainer's devices come back before its batch is taken
+            if self.rc.trainer_ready():
+                self.pending_batch = [t.uid for t in self.rc.take_batch()]
         if self.pending_batch is None:
+            if elastic is not None:
+                elastic.maybe_lend()
             return
         # Trajectories are taken when they finish generating; their scored rows trail by the
         # reward/advantage hop. Send once every row of the batch has arrived.
@@ -487,6 +505,8 @@ class RLDriver:
             "weight_sync_s": self.weight_sync.get(version, (None, None))[0],
             "weight_sync_bytes": self.weight_sync.get(version, (None, None))[1],
         }
+        if self.elastic is not None:
+            rec.update(self.elastic.step_metrics())
         for pool, frac in (sm.get("idle_fraction") or {}).items():
             rec[f"idle_fraction_{pool}"] = frac
         for k, v in (ev.get("metrics") or {}).items():
