@@ -43,6 +43,8 @@ class ElasticTotals:
     kv_bytes_moved: int = 0
     bytes_released: int = 0        # weights + KV memory the spares handed back (sleep)
     lent_s: float = 0.0            # time the spares served rollout
+    trajectories_finished: int = 0  # completed on a spare while lent
+    tokens_generated: int = 0       # their response tokens
 
     def minus(self, other: "ElasticTotals") -> dict[str, Any]:
         return {k: v - getattr(other, k) for k, v in dataclasses.asdict(self).items()}
@@ -137,13 +139,19 @@ class ElasticLending:
         return self.d.rc.instance_replaced(inst.name)   # drops its groups, loads the newest before any dispatch
 
     # ------------------------------------------------------------ accounting
+    def on_finished(self, replica: int, response_tokens: list[int]) -> None:
+        if self.owns(replica):
+            self.totals.trajectories_finished += len(response_tokens)
+            self.totals.tokens_generated += sum(response_tokens)
+
     def step_metrics(self) -> dict[str, Any]:
         """What elastic did since the last training step (and how often it lent in all)."""
         delta = self.totals.minus(self._at_last_step)
         self._at_last_step = dataclasses.replace(self.totals)
         return {"elastic_lends": delta["lends"], "elastic_handback_s": delta["handback_s"],
                 "elastic_lend_s": delta["lend_s"], "elastic_requests_moved": delta["requests_moved"],
-                "elastic_kv_bytes_moved": delta["kv_bytes_moved"]}
+                "elastic_kv_bytes_moved": delta["kv_bytes_moved"],
+                "elastic_trajectories": delta["trajectories_finished"]}
 
     def summary(self) -> dict[str, Any]:
         out = dataclasses.asdict(self.totals)

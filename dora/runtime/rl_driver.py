@@ -250,6 +250,8 @@ class RLDriver:
                     for u, tv, rt in zip(ev["uids"], ev.get("token_versions") or [None] * n,
                                          ev.get("response_tokens") or [0] * n)]
             self._rc().on_finished(f"{node}[{replica}]", done)
+            if self.elastic is not None:
+                self.elastic.on_finished(replica, [f.response_tokens for f in done])
         elif kind == "weights":
             self.weight_paths[int(ev["version"])] = ev["path"]
             self.weight_sync[int(ev["version"])] = (ev.get("seconds"), ev.get("bytes"))
