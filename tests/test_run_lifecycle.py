@@ -294,3 +294,40 @@ def test_controller_killed_at_a_random_step_then_resumed_keeps_the_ledger_exact(
     assert r.returncode == 0, r.stdout + r.stderr
     summary = _audit_exact(out, 8, 16, 2)
     assert summary["resumed_from_step"] >= 2 and summary["accounting"]["trained_total"] == 8 * 16
+
+
+def _replica_pid(pid: int, node: str, replica: int) -> int | None:
+    for child in _workers_of(pid, node):
+        try:
+            cmd = open(f"/proc/{child}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if cmd[cmd.index(b"--replica") + 1] == str(replica).encode():
+            return child
+    return None
+
+
+def test_sigkilled_elastic_spare_is_respawned_and_the_ledger_stays_exact(tmp_path):
+    """async.elastic: the spare on the trainer's devices (rollout[2]) SIGKILLed twice, lent or asleep
+    as chance has it. Either way it comes back asleep, whatever it held is reissued whole, lending
+    goes on, and every uid is trained once."""
+    import random
+
+    rng = random.Random(5)
+    out = tmp_path / "run"
+    p = start(out, *DORA, "async.elastic=true", "nodes.rollout.params.max_batch=4", steps=10)
+    killed = 0
+    for target_step in (1, 3):
+        wait_for_steps(p, out, target_step)
+        time.sleep(rng.uniform(0.0, 0.5))
+        victim = _replica_pid(p.pid, "rollout", 2)
+        if victim and p.poll() is None:
+            os.kill(victim, signal.SIGKILL)
+            killed += 1
+            deadline = time.monotonic() + 120   # the next kill waits for this respawn
+            while time.monotonic() < deadline and _replica_pid(p.pid, "rollout", 2) in (None, victim) and p.poll() is None:
+                time.sleep(0.2)
+    assert p.wait(timeout=600) == 0, p.stdout.read()
+    summary = _audit_exact(out, 10, 16, 2)
+    assert summary["accounting"]["respawns"] == killed == 2
+    assert summary["elastic"]["lends"] > 0 and summary["elastic"]["reclaims"] > 0
