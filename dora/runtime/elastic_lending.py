@@ -67,11 +67,29 @@ class ElasticLending:
     # ------------------------------------------------------------ lend
     def maybe_lend(self) -> None:
         """Called when the trainer has nothing to train: lend if the trainer is idle and rollout has work."""
+        d = self.d
+        if d.sent_batch is None and self._may_lend():
+            self._lend(None)
+
+    def publish(self, version: int) -> None:
+        """The trainer published `version`: hand it to the rollout controller, lending the spares at
+        the same time when the trainer has trained every batch sent (it publishes after its step),
+        so a batch the mode dispatches at this publish spreads over them too."""
+        d = self.d
+        # (not when this publish is checkpointed: the trainer still writes it, at its train_step)
+        if version == d.batches_sent and d.snapshot is None and self._may_lend():
+            self._lend(version)
+        else:
+            d.rc.on_published(version)
+
+    def _may_lend(self) -> bool:
         d, rc = self.d, self.d.rc
-        if (self.lent or self.busy or rc is None or d._done or d.sent_batch is not None or d.pending_batch is not None
-                or d.batches_sent >= d.total_steps or rc.trainer_ready() or rc.newest not in d.weight_paths
-                or not (rc.manager.r_sum or d.prompt_groups)):
-            return
+        return not (self.lent or self.busy or rc is None or d._done or d.pending_batch is not None
+                    or d.batches_sent >= d.total_steps or rc.trainer_ready() or rc.newest not in d.weight_paths
+                    or not (rc.manager.r_sum or d.prompt_groups))
+
+    def _lend(self, publish: int | None) -> None:
+        d, rc = self.d, self.d.rc
         self.busy = True
         try:
             clock = d.clock
@@ -80,7 +98,10 @@ class ElasticLending:
                 w0 = clock.now()
                 got = s._call("wake", {}) or {}
                 d.trace.span("rollout", s.name, "wake", w0, clock.now(), bytes=got.get("bytes"))
-            rc.lend(self.spares)        # loads the newest version on each (ReplicaInstance.load_version)
+            if publish is None:
+                rc.lend(self.spares)    # loads the newest version on each (ReplicaInstance.load_version)
+            else:
+                rc.on_published(publish, lend=self.spares)
             now = clock.now()
             d.trace.span("elastic", "elastic", "lend", t0, now, version=rc.newest, spares=[s.name for s in self.spares])
             self.lent, self.lent_at = True, now

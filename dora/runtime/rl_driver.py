@@ -187,6 +187,7 @@ class RLDriver:
         self.weight_paths: dict[int, str] = {}
         self.weight_loads = 0
         self.weight_sync: dict[int, tuple] = {}            # version -> (seconds, bytes) of its hand-off
+        self.published_at: dict[int, float] = {}           # version -> when its weights event arrived
         self.pending_batch: list[str] | None = None        # uids taken from the TransferQueue, not yet sent
         self.sent_batch: dict[str, Any] | None = None      # what the trainer is training on now
         self.steps_done = 0
@@ -253,6 +254,7 @@ class RLDriver:
             if self.elastic is not None:
                 self.elastic.on_finished(replica, [f.response_tokens for f in done])
         elif kind == "weights":
+            self.published_at[int(ev["version"])] = self.clock.now()   # the step it ends was over by then
             self.weight_paths[int(ev["version"])] = ev["path"]
             self.weight_sync[int(ev["version"])] = (ev.get("seconds"), ev.get("bytes"))
             version = int(ev["version"])
@@ -260,7 +262,10 @@ class RLDriver:
                 return   # the trainer's starting weights (replicas hold v0, or load a resumed version at start)
             if self._checkpoint_due(version):
                 self.snapshot = run_state.capture(self, version)   # before any request of this version exists
-            self._rc().on_published(version)
+            if self.elastic is not None:
+                self.elastic.publish(version)
+            else:
+                self._rc().on_published(version)
         elif kind == "train_step":
             self._on_train_step(ev)
         elif kind == "filtered":
@@ -484,7 +489,8 @@ class RLDriver:
         self.sent_batch = None
         step, version = int(ev["step"]), int(ev["version"])
         now = self.clock.now()
-        self.trace.span("trainer", "update", f"train step {step}", now - float(ev.get("seconds") or 0.0), now,
+        end = self.published_at.pop(version, now)   # the trainer publishes right after its step, then reports it
+        self.trace.span("trainer", "update", f"train step {step}", end - float(ev.get("seconds") or 0.0), end,
                         version=version)
         # The rollout controller numbers a step by the trainer version it starts from.
         self._rc().on_trained(version - 1, version, [str(u) for u in ev.get("uids", sent["uids"])])
