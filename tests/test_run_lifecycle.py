@@ -315,19 +315,24 @@ def test_sigkilled_elastic_spare_is_respawned_and_the_ledger_stays_exact(tmp_pat
 
     rng = random.Random(5)
     out = tmp_path / "run"
-    p = start(out, *DORA, "async.elastic=true", "nodes.rollout.params.max_batch=4", steps=10)
+    steps = 14   # (longer responses: the run outlasts both respawns, which take seconds here)
+    p = start(out, *DORA, "async.elastic=true", "nodes.rollout.params.max_batch=4", "nodes.rollout.params.max_tokens=64",
+              steps=steps)
     killed = 0
-    for target_step in (1, 3):
+    for target_step in (1, 4):
         wait_for_steps(p, out, target_step)
         time.sleep(rng.uniform(0.0, 0.5))
         victim = _replica_pid(p.pid, "rollout", 2)
-        if victim and p.poll() is None:
-            os.kill(victim, signal.SIGKILL)
-            killed += 1
-            deadline = time.monotonic() + 120   # the next kill waits for this respawn
-            while time.monotonic() < deadline and _replica_pid(p.pid, "rollout", 2) in (None, victim) and p.poll() is None:
-                time.sleep(0.2)
+        assert victim and p.poll() is None, "the run ended before the spare could be killed"
+        os.kill(victim, signal.SIGKILL)
+        killed += 1
+        deadline = time.monotonic() + 120   # the next kill waits until this respawn is in the metrics
+        while time.monotonic() < deadline and p.poll() is None:
+            lines = (out / "metrics.jsonl").read_text().splitlines()
+            if lines and json.loads(lines[-1])["respawns"] >= killed:
+                break
+            time.sleep(0.2)
     assert p.wait(timeout=600) == 0, p.stdout.read()
-    summary = _audit_exact(out, 10, 16, 2)
+    summary = _audit_exact(out, steps, 16, 2)
     assert summary["accounting"]["respawns"] == killed == 2
     assert summary["elastic"]["lends"] > 0 and summary["elastic"]["reclaims"] > 0
