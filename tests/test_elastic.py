@@ -124,3 +124,9 @@ def test_run_lends_the_trainer_devices_and_hands_them_back_before_each_step(tmp_
     assert not clash, clash
     # the reclaim's export/import is counted where every migration is
     assert acc["migrated_requests"] >= el["requests_moved"]
+
+
+def test_run_refuses_elastic_on_ray_with_exit_2(capsys):
+    from dora.runtime.launch import run_main
+    assert run_main([str(PIPELINES / "quickstart.yaml"), "async.elastic=true", "--backend", "ray", "--dry-run"]) == 2
+    assert "local backend only" in capsys.readouterr().err

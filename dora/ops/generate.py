@@ -86,11 +86,11 @@ class GenerateOp(Operator):
         for row in rows:
             version = row.get("policy_version")
             version = self.engine.version if version is None else int(version)
-            self.in_flight.add(str(row["uid"]))
             self.engine.submit(SamplingRequest(uid=str(row["uid"]), prompt_ids=[int(t) for t in row["prompt_ids"]],
                                        version=version, stop_ids=self.stop_ids,
                                        meta={"row": {k: v for k, v in row.items() if k not in OUTPUT_COLUMNS}},
                                        **self.sampling))
+            self.in_flight.add(str(row["uid"]))   # (after: a request the engine refused is not held here)
         return ()
 
     def busy(self) -> bool:
