@@ -133,3 +133,24 @@ def test_abort_stop_strings_and_errors():
     assert sop.stop_ids == [sop.tokenizer.encode("\n")[0]]
     with pytest.raises(ValueError, match="'engine' must be one of"):
         make_op(engine="tgi")
+
+
+def test_elastic_spare_starts_asleep_and_serves_after_wake_and_load(tmp_path):
+    """A replica past the node's count (async.elastic's spare) holds no weights until woken and loaded;
+    then it generates what replica 0 generates with the same weights (greedy)."""
+    from dora.ops.weights.versions import save_version
+    ref, _ = make_op(0, temperature=0.0, max_tokens=8)
+    path, _ = save_version(ref.engine.model.state_dict(), str(tmp_path), 0)
+    ref.process(prompts(2), "prompts")
+    want = {r["uid"]: r["response_ids"] for r in pa.Table.from_batches(run(ref)).to_pylist()}
+    spare, _ = make_op(2, temperature=0.0, max_tokens=8)          # replicas=2: index 2 is a spare
+    assert spare.ctx.elastic_spare and all(p.numel() == 0 for p in spare.engine.model.parameters())
+    with pytest.raises(RuntimeError, match="asleep"):
+        spare.process(prompts(2), "prompts")
+    assert not spare.in_flight
+    assert spare.call("wake", {})["bytes"] > 0
+    spare.call("load_version", {"version": 0, "path": path})
+    spare.process(prompts(2), "prompts")
+    got = {r["uid"]: r["response_ids"] for r in pa.Table.from_batches(run(spare)).to_pylist()}
+    assert got == want
+    assert spare.call("sleep", {})["bytes"] > 0 and all(p.numel() == 0 for p in spare.engine.model.parameters())

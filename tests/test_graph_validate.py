@@ -254,14 +254,19 @@ def test_async_settings_out_of_range_all_reported(tmp_path):
     assert any("async.max_staleness must be >= 0, got -1" in m for m in msgs)
 
 
-def test_async_elastic_is_declared_and_says_it_is_simulated_only(tmp_path):
+def test_async_elastic_needs_a_trainer_with_its_own_devices_and_an_engine_that_sleeps(tmp_path):
     bad = BASE.replace("train_batch: 16}", "train_batch: 16, elastic: maybe}")
     [d] = errors(tmp_path, bad)
     assert "async.elastic must be bool, got str 'maybe'" in d.format()
     on = BASE.replace("train_batch: 16}", "train_batch: 16, elastic: true}")
-    [d] = errors(tmp_path, on)
-    assert "simulated only" in d.message and "dora simulate --elastic" in d.hint
+    assert not errors(tmp_path, on)                       # train has its own pool: there is something to lend
     assert not errors(tmp_path, BASE.replace("train_batch: 16}", "train_batch: 16, elastic: false}"))
+    shared = on.replace("train: {op: update, pool: train,", "train: {op: update, pool: rollout,")
+    [d] = [d for d in errors(tmp_path, shared) if "elastic" in d.message]   # (besides the pool being too small)
+    assert "share pool 'rollout'" in d.message and "no devices of its own" in d.message
+    assert d.loc.line == line_of(shared, "async:")
+    [d] = errors(tmp_path, on.replace("params: {max_tokens: 8}", "params: {max_tokens: 8, engine: vllm}"))
+    assert "engine vllm cannot" in d.message and d.node == "rollout"
 
 
 def test_warning_generate_without_weights_edge(tmp_path):

@@ -294,3 +294,45 @@ def test_controller_killed_at_a_random_step_then_resumed_keeps_the_ledger_exact(
     assert r.returncode == 0, r.stdout + r.stderr
     summary = _audit_exact(out, 8, 16, 2)
     assert summary["resumed_from_step"] >= 2 and summary["accounting"]["trained_total"] == 8 * 16
+
+
+def _replica_pid(pid: int, node: str, replica: int) -> int | None:
+    for child in _workers_of(pid, node):
+        try:
+            cmd = open(f"/proc/{child}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if cmd[cmd.index(b"--replica") + 1] == str(replica).encode():
+            return child
+    return None
+
+
+def test_sigkilled_elastic_spare_is_respawned_and_the_ledger_stays_exact(tmp_path):
+    """async.elastic: the spare on the trainer's devices (rollout[2]) SIGKILLed twice, lent or asleep
+    as chance has it. Either way it comes back asleep, whatever it held is reissued whole, lending
+    goes on, and every uid is trained once."""
+    import random
+
+    rng = random.Random(5)
+    out = tmp_path / "run"
+    steps = 14   # (longer responses: the run outlasts both respawns, which take seconds here)
+    p = start(out, *DORA, "async.elastic=true", "nodes.rollout.params.max_batch=4", "nodes.rollout.params.max_tokens=64",
+              steps=steps)
+    killed = 0
+    for target_step in (1, 4):
+        wait_for_steps(p, out, target_step)
+        time.sleep(rng.uniform(0.0, 0.5))
+        victim = _replica_pid(p.pid, "rollout", 2)
+        assert victim and p.poll() is None, "the run ended before the spare could be killed"
+        os.kill(victim, signal.SIGKILL)
+        killed += 1
+        deadline = time.monotonic() + 120   # the next kill waits until this respawn is in the metrics
+        while time.monotonic() < deadline and p.poll() is None:
+            lines = (out / "metrics.jsonl").read_text().splitlines()
+            if lines and json.loads(lines[-1])["respawns"] >= killed:
+                break
+            time.sleep(0.2)
+    assert p.wait(timeout=600) == 0, p.stdout.read()
+    summary = _audit_exact(out, steps, 16, 2)
+    assert summary["accounting"]["respawns"] == killed == 2
+    assert summary["elastic"]["lends"] > 0 and summary["elastic"]["reclaims"] > 0

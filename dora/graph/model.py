@@ -90,8 +90,10 @@ class AsyncConfig:
                                  "for sync and one_step_off, 1.5 x train_batch for partial and dora)", min=0)
     train_batch: int = setting(32, "TBS: trajectories per training step, whole groups (a multiple of the "
                                "dataset's group_size)", min=1)
-    elastic: bool = setting(False, "trainer devices that wait for a batch serve rollout as extra instances of "
-                            "the newest version (simulated only so far: dora simulate --elastic)")
+    elastic: bool = setting(False, "trainer devices that wait for a batch serve rollout as extra generate "
+                            "replicas of the newest version, handed back (requests moved with their KV, memory "
+                            "released) before each training step; needs an update node with its own pool and "
+                            "engine: torch (dora simulate --elastic models it at scale)")
     loc: SourceLoc = dataclasses.field(default_factory=SourceLoc, compare=False)
 
 

@@ -58,10 +58,6 @@ def settings_problems(g: Graph, specs: dict[str, OpSpec | None]) -> list[Diagnos
             _, err = ps.check(getattr(cfg, key))
             if err:
                 diags.append(error(f"{section}.{key} {err}", g.loc_of(f"{section}.{key}"), hint=ps.doc))
-    if g.async_.elastic is True:
-        diags.append(error("async.elastic: lending trainer devices to rollout is simulated only for now "
-                           "(dora simulate --elastic); dora run cannot do it yet", g.loc_of("async.elastic"),
-                           hint="remove async.elastic, or compare with: dora simulate --elastic"))
     params = {n: fill_params(s, g.nodes[n].params, checked=True) for n, s in specs.items()
               if s is not None and isinstance(g.nodes[n].params, dict) and not param_problems(s, g.nodes[n].params)}
     datasets = [n for n in _nodes_with(specs, "dataset") if n in params]
@@ -79,6 +75,36 @@ def settings_problems(g: Graph, specs: dict[str, OpSpec | None]) -> list[Diagnos
     diags += validate_loggers(g)
     diags += _model_problems(g)
     diags += _broadcast_problems(g, specs, params)
+    diags += _elastic_problems(g, specs, params)
+    return diags
+
+
+def _elastic_problems(g: Graph, specs: dict[str, OpSpec | None], params: dict[str, dict[str, Any]]) -> list[Diagnostic]:
+    """async.elastic lends the trainer's own devices to rollout: there must be a trainer with devices of
+    its own, and a generate engine that can hand its memory back (sleep)."""
+    if g.async_.elastic is not True:
+        return []
+    at = g.loc_of("async.elastic")
+    gens, ups = _nodes_with(specs, "generate"), _nodes_with(specs, "update")
+    if len(gens) != 1 or len(ups) != 1:
+        return [error(f"async.elastic needs an RL graph with one generate and one update node (found {len(gens)} "
+                      f"generate, {len(ups)} update): there are no trainer devices to lend", at)]
+    gen, up = g.nodes[gens[0]], g.nodes[ups[0]]
+    diags = []
+    if (gen.pool or None) == (up.pool or None):
+        where = f"pool {up.pool!r}" if up.pool else "the default cpu pool"
+        diags.append(error(f"async.elastic: {up.name!r} and {gen.name!r} share {where}: the trainer has no devices "
+                           "of its own to lend (it already time-shares the rollout's)", at,
+                           hint=f"give {up.name!r} its own pool, or remove async.elastic"))
+    pool = g.pools.get(up.pool) if up.pool else None
+    if pool is not None and pool.device == "gpu" and up.replicas * up.devices < gen.devices:
+        diags.append(error(f"async.elastic: {up.name!r} holds {up.replicas * up.devices} GPU(s), fewer than one "
+                           f"{gen.name!r} replica needs ({gen.devices}): nothing to lend", at))
+    if params.get(gen.name, {}).get("engine") == "vllm":
+        diags.append(error(f"async.elastic needs a generate engine that can release its memory (sleep); engine vllm "
+                           "cannot here (vLLM's sleep mode is CUDA/ROCm/XPU only, and dora's vllm engine does not "
+                           "drive it)", g.loc_of(f"nodes.{gen.name}.params.engine"), node=gen.name,
+                           hint="use engine: torch, or remove async.elastic"))
     return diags
 
 

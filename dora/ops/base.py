@@ -36,7 +36,7 @@ class OpContext:
 
     node: str                      # node name in the graph
     op: str                        # op name (registry key or import path)
-    replica: int                   # this replica's index, 0..replicas-1
+    replica: int                   # this replica's index, 0..replicas-1 (beyond: an elastic spare)
     replicas: int                  # number of replicas of this node
     params: dict[str, Any]         # every declared param, checked, typed, defaults filled (index, never .get)
     model: dict[str, Any]          # the pipeline's shared `model:` section
@@ -61,6 +61,12 @@ class OpContext:
     @property
     def label(self) -> str:
         return f"{self.node}[{self.replica}]"
+
+    @property
+    def elastic_spare(self) -> bool:
+        """async.elastic: a replica past the node's count, placed on the trainer's devices and lent
+        to rollout only while the trainer waits (dora/runtime/placement.py)."""
+        return self.replica >= self.replicas
 
 
 @dataclasses.dataclass

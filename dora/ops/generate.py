@@ -11,6 +11,11 @@ Control methods (the rollout orchestrator drives these through the controller):
     import_(state, buffers)       resume states exported by a replica (KV reused at the same version)
     interrupt_all() -> states     export everything (partial rollout before a version switch)
     abort(uids) -> {"aborted": [...]}, stats() -> dict
+    sleep() / wake()              async.elastic: hand the device's memory back (KV and weights) to
+                                  the trainer sharing it / take it again (load_version follows)
+A replica with index >= the node's replica count is an elastic spare placed on the trainer's
+devices (dora/runtime/placement.py): it starts asleep and never receives broadcasts (it loads the
+version's file when lent).
 With `weight_sync: broadcast` a WeightReceiver (dora/ops/weights/broadcast.py, rank replica + 1)
 receives every version the trainer broadcasts into host memory; load_version then takes the
 version from memory (waiting up to BROADCAST_WAIT_S for it) and falls back to the file path
@@ -40,7 +45,8 @@ BROADCAST_WAIT_S = 10.0
 
 
 class GenerateOp(Operator):
-    control_methods = ("submit", "load_version", "export", "import_", "interrupt_all", "stats", "abort", "snapshot")
+    control_methods = ("submit", "load_version", "export", "import_", "interrupt_all", "stats", "abort", "snapshot",
+                       "sleep", "wake")
 
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)
@@ -56,12 +62,14 @@ class GenerateOp(Operator):
         if p["weight_sync"] == "broadcast" and not ctx.run_dir:
             raise ValueError(f"{ctx.label}: weight_sync: broadcast needs a run_dir (the rendezvous file is there)")
         self.receiver = None
-        if p["weight_sync"] == "broadcast":
+        if p["weight_sync"] == "broadcast" and not ctx.elastic_spare:
             keep = ctx.async_.max_staleness + 2
             self.receiver = WeightReceiver(ctx.run_dir, ctx.replica + 1, ctx.device, keep=keep, label=ctx.label)
         self.loads_by_source = {"file": 0, "broadcast": 0}
         if ctx.restore and ctx.restore.get("sampling_state"):
             self.engine.set_sampling_state(ctx.restore["sampling_state"])
+        if ctx.elastic_spare:   # the trainer's devices are the trainer's until the driver lends them
+            self.engine.sleep()
 
     # ------------------------------------------------------------------ data
     def process(self, batch: pa.RecordBatch, port: str) -> Iterable[pa.RecordBatch]:
@@ -78,11 +86,11 @@ class GenerateOp(Operator):
         for row in rows:
             version = row.get("policy_version")
             version = self.engine.version if version is None else int(version)
-            self.in_flight.add(str(row["uid"]))
             self.engine.submit(SamplingRequest(uid=str(row["uid"]), prompt_ids=[int(t) for t in row["prompt_ids"]],
                                        version=version, stop_ids=self.stop_ids,
                                        meta={"row": {k: v for k, v in row.items() if k not in OUTPUT_COLUMNS}},
                                        **self.sampling))
+            self.in_flight.add(str(row["uid"]))   # (after: a request the engine refused is not held here)
         return ()
 
     def busy(self) -> bool:
@@ -173,6 +181,20 @@ class GenerateOp(Operator):
 
     def stats(self) -> dict[str, Any]:
         return self.engine.stats().to_dict()
+
+    def sleep(self) -> dict[str, Any]:
+        """Release the KV cache and the weights (only when nothing is in flight here)."""
+        t0 = time.perf_counter()
+        if self.in_flight:
+            raise RuntimeError(f"{self.ctx.label}: sleep() with {len(self.in_flight)} requests in flight; export them first")
+        freed = self.engine.sleep()
+        return {"seconds": time.perf_counter() - t0, "bytes": freed}
+
+    def wake(self) -> dict[str, Any]:
+        """Allocate the weights' memory again; a load_version must follow before any request."""
+        t0 = time.perf_counter()
+        allocated = self.engine.wake()
+        return {"seconds": time.perf_counter() - t0, "bytes": allocated}
 
     def snapshot(self) -> dict[str, Any]:
         """This replica's part of a run checkpoint: the sampler's RNG state (None if the engine has none)."""

@@ -120,6 +120,12 @@ def run_main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"dora run: {args.pipeline}: cannot place the graph: {e}", file=sys.stderr)
         return 2
+    if args.backend == "ray" and any(r.spare for r in plan.replicas):
+        # Ray places each replica in its own placement group: a spare would get devices of its own,
+        # not the trainer's, and lending them would measure nothing
+        print(f"dora run: {args.pipeline}: async.elastic runs on the local backend only (its spares share the "
+              "trainer's devices; Ray would give them their own)", file=sys.stderr)
+        return 2
     if args.dry_run:
         print(format_plan(plan, args.backend, machine))
         return 0
@@ -321,6 +327,8 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
             for key in ("c1_violations", "c2_violations", "c3_violations"):
                 summary[key] = max(summary.get(key, 0), summary["accounting"].get(key, 0))
             summary["weight_loads"] = driver.weight_loads
+            if driver.elastic is not None:   # lends, hand-back seconds, requests and KV bytes moved
+                summary["elastic"] = driver.elastic.summary()
             summary["checkpoints"] = driver.checkpoint_log
             driver.trace.write(os.path.join(run_dir, "trace.json"))
         else:

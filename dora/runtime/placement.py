@@ -13,6 +13,11 @@ Per replica: gpu -> CUDA_VISIBLE_DEVICES=<its GPUs>, torch device "cuda:0" (a TP
 of them); cpu -> CUDA_VISIBLE_DEVICES="" and threads = devices x (slots / devices used in the pool),
 at least 1, which the worker applies to torch and the backend exports as OMP/MKL_NUM_THREADS.
 
+Elastic spares (`async.elastic`, see `elastic_spares`): the generate node gets extra replicas,
+numbered after its own, each on a share of the update node's devices (same pool, slots and threads
+as the trainer: they time-share them, never running at the same time, see
+dora/runtime/elastic_lending.py). They do not count as the pool's users.
+
 A sharded op's replicas (update, critic, reference) are the ranks of ONE process group: rank r
 is replica r, rank 0 leads (it alone is wired to the data edges), and `Plan.data_replicas(node)` is
 1 for such a node. The ranks rendezvous at rank 0's address, on a port rank 0 binds at start.
@@ -75,6 +80,7 @@ class ReplicaPlacement:
     env: dict[str, str]
     gpus: tuple[str, ...] = ()    # the inventory's GPU ids (what CUDA_VISIBLE_DEVICES lists)
     ranks: int = 0                # > 0: this replica is rank `replica` of a process group of `ranks`
+    spare: bool = False           # an elastic spare on the trainer's devices (asleep until lent)
     endpoint: str | None = None   # the replica's inbox, known once it is running
 
     @property
@@ -181,12 +187,58 @@ def plan(graph: Graph, inventory: Inventory | None = None, sharded: set[str] | N
             env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
             out.append(ReplicaPlacement(name, r, pool.name, pool.device, slots, device, threads, env, gpus,
                                         groups.get(name, 0)))
+    out += _spare_placements(graph, out)
     p = Plan(pools, out, [], groups, inventory)
     for e in graph.edges:
         how = f"group_by {e.group_by}" if e.group_by else e.routing
         p.edges.append(f"{e.label}: {p.data_replicas(e.src)} -> {p.data_replicas(e.dst)} replica(s), {how}, capacity "
                        f"{e.capacity} batches / {e.capacity_bytes} bytes per producer replica")
     return p
+
+
+def elastic_spares(graph: Graph) -> tuple[str, str, int] | None:
+    """(generate node, update node, spares) under `async.elastic`: one spare per share of the
+    trainer's devices a generate replica needs (update replicas x devices // generate devices) on a
+    gpu pool; one on a cpu pool (cores are not partitioned: a second spare would only time-share the
+    same cores). None when elastic is off or the graph has not exactly one generate and one update
+    (validation refuses elastic there)."""
+    from dora.graph.schema import resolve_all
+
+    if graph.async_.elastic is not True:
+        return None
+    specs, _ = resolve_all(graph)
+    by_op = {}
+    for n, s in specs.items():
+        if s is not None:
+            by_op.setdefault(s.name, []).append(n)
+    if len(by_op.get("generate", ())) != 1 or len(by_op.get("update", ())) != 1:
+        return None
+    gen, up = graph.nodes[by_op["generate"][0]], graph.nodes[by_op["update"][0]]
+    pool = graph.pools.get(up.pool or DEFAULT_POOL)
+    if pool is not None and pool.device == "gpu":
+        return gen.name, up.name, (up.replicas * up.devices) // gen.devices
+    return gen.name, up.name, 1
+
+
+def _spare_placements(graph: Graph, placed: list[ReplicaPlacement]) -> list[ReplicaPlacement]:
+    found = elastic_spares(graph)
+    if found is None:
+        return []
+    gen, up, n = found
+    trainer = [r for r in placed if r.node == up]
+    first, width = graph.nodes[gen].replicas, graph.nodes[gen].devices
+    out = []
+    for i in range(n):
+        host = trainer[0]
+        if host.kind == "gpu":   # the i-th share of the trainer's GPUs, across its ranks in order
+            slots = tuple(s for r in trainer for s in r.slots)[i * width:(i + 1) * width]
+            gpus = tuple(g for r in trainer for g in r.gpus)[i * width:(i + 1) * width]
+            env = {**host.env, "CUDA_VISIBLE_DEVICES": ",".join(gpus)}
+        else:
+            slots, gpus, env = host.slots, (), dict(host.env)
+        out.append(ReplicaPlacement(gen, first + i, host.pool, host.kind, slots, host.device, host.threads, env,
+                                    gpus, 0, spare=True))
+    return out
 
 
 def endpoint_hint(backend: str, node: str, replica: int) -> str:
@@ -215,7 +267,7 @@ def format_plan(p: Plan, backend: str | None = None, machine: Inventory | None =
     lines = ["pools:"]
     for pool in p.pools.values():
         users = sorted({r.node for r in p.replicas if r.pool == pool.name})
-        taken = sum(r.devices for r in p.replicas if r.pool == pool.name)
+        taken = sum(r.devices for r in p.replicas if r.pool == pool.name and not r.spare)   # spares only borrow
         share = " (colocated, time-shared)" if len(users) > 1 and taken > pool.count else (
             " (colocated)" if len(users) > 1 else "")
         lines.append(f"  {pool.name}: {pool.count} x {pool.device}, {taken} used  nodes: {', '.join(users) or '-'}{share}")
@@ -227,6 +279,8 @@ def format_plan(p: Plan, backend: str | None = None, machine: Inventory | None =
         if r.ranks:
             rank = f"  rank {r.replica}/{r.ranks}" + (" (leader: data in, events out)" if r.replica == 0 else "")
         inbox = f"inbox {ep}" if not r.ranks or r.replica == 0 else "no data edges"
+        if r.spare:
+            rank = "  elastic spare on the trainer's devices (asleep until lent)"
         lines.append(f"  {r.label:<{w}}  pool {r.pool:<10} {_where(r, backend):<46} device {r.device:<7} {inbox}{rank}")
     if p.groups:
         lines.append("process groups (FSDP):")

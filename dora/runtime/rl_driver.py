@@ -11,6 +11,9 @@ The controller streams the graph as dataflow, except two edges it hands to this 
 Generate replicas are RolloutInstances through `ReplicaInstance` (control calls: load_version,
 export, import_, interrupt_all, stats). Events from the ops close the loop: `finished` (generate)
 -> on_finished, `train_step` -> on_trained + a metrics line, `weights` -> on_published.
+With `async.elastic`, spare generate replicas on the trainer's devices serve rollout while the
+trainer waits (dora/runtime/elastic_lending.py): lent when the trainer idles, reclaimed before a
+batch is taken for it.
 The same RolloutController runs in the simulator on a virtual clock (dora/sim).
 """
 
@@ -27,6 +30,7 @@ import pyarrow as pa
 from dora.graph.model import Graph
 from dora.graph.resolve import Resolved
 from dora.runtime.clock import RealClock
+from dora.runtime.elastic_lending import ElasticLending
 from dora.runtime.errors import ReplicaLost
 from dora.runtime.rollout import (Finished, InstanceStats, Request, RequestState, RolloutConfig, RolloutController,
                                   TraceWriter)
@@ -183,6 +187,7 @@ class RLDriver:
         self.weight_paths: dict[int, str] = {}
         self.weight_loads = 0
         self.weight_sync: dict[int, tuple] = {}            # version -> (seconds, bytes) of its hand-off
+        self.published_at: dict[int, float] = {}           # version -> when its weights event arrived
         self.pending_batch: list[str] | None = None        # uids taken from the TransferQueue, not yet sent
         self.sent_batch: dict[str, Any] | None = None      # what the trainer is training on now
         self.steps_done = 0
@@ -209,6 +214,7 @@ class RLDriver:
         self.resolved_ops = {n: resolved.op_of(n) for n in self.graph.nodes}
         self.respawns = self.reissued_requests = self.reissue_serial = 0
         self.late_rows = 0                           # scored rows of a retired attempt, dropped on arrival
+        self.elastic: ElasticLending | None = None   # async.elastic: set up with the rollout controller
 
     # ------------------------------------------------------------ controller hooks
     def attach(self, ctrl) -> None:
@@ -245,7 +251,10 @@ class RLDriver:
                     for u, tv, rt in zip(ev["uids"], ev.get("token_versions") or [None] * n,
                                          ev.get("response_tokens") or [0] * n)]
             self._rc().on_finished(f"{node}[{replica}]", done)
+            if self.elastic is not None:
+                self.elastic.on_finished(replica, [f.response_tokens for f in done])
         elif kind == "weights":
+            self.published_at[int(ev["version"])] = self.clock.now()   # the step it ends was over by then
             self.weight_paths[int(ev["version"])] = ev["path"]
             self.weight_sync[int(ev["version"])] = (ev.get("seconds"), ev.get("bytes"))
             version = int(ev["version"])
@@ -253,7 +262,10 @@ class RLDriver:
                 return   # the trainer's starting weights (replicas hold v0, or load a resumed version at start)
             if self._checkpoint_due(version):
                 self.snapshot = run_state.capture(self, version)   # before any request of this version exists
-            self._rc().on_published(version)
+            if self.elastic is not None:
+                self.elastic.publish(version)
+            else:
+                self._rc().on_published(version)
         elif kind == "train_step":
             self._on_train_step(ev)
         elif kind == "filtered":
@@ -338,7 +350,9 @@ class RLDriver:
         self.progress.status(f"{node}[{replica}] lost ({why.splitlines()[0][:120]}); respawned, its work reissued")
         self.respawns += 1
         rc = self._rc()
-        if node == self.roles.generate:
+        if node == self.roles.generate and self.elastic is not None and self.elastic.owns(replica):
+            gids, revoked = self.elastic.replaced(replica)
+        elif node == self.roles.generate:
             name = f"{node}[{replica}]"
             rc.manager.instances[name].version = 0   # the new process holds the seeded initial weights
             gids, revoked = rc.instance_replaced(name)
@@ -406,6 +420,9 @@ class RLDriver:
                                         initial_version=self.initial_version)
             self.rc.restore_finished(self.restored_finished)
             self.rc.start()
+            spares = [r.replica for r in self.ctrl.plan.of(gen.name) if r.spare]
+            if spares:
+                self.elastic = ElasticLending(self, [ReplicaInstance(self, gen.name, r, slots) for r in spares])
         return self.rc
 
     def _add_prompts(self, batch: pa.RecordBatch) -> None:
@@ -441,9 +458,17 @@ class RLDriver:
     def _maybe_train(self) -> None:
         if self.rc is None or self.sent_batch is not None or self._done or self.batches_sent >= self.total_steps:
             return   # (after the last step nothing more is taken: the rest is accounted as untrained)
+        elastic = self.elastic
+        if elastic is not None and elastic.busy:
+            return   # (events delivered inside a lend or reclaim come back here)
         if self.pending_batch is None and self.rc.trainer_ready():
-            self.pending_batch = [t.uid for t in self.rc.take_batch()]
+            if elastic is not None:
+                elastic.reclaim()   # the trainer's devices come back before its batch is taken
+            if self.rc.trainer_ready():
+                self.pending_batch = [t.uid for t in self.rc.take_batch()]
         if self.pending_batch is None:
+            if elastic is not None:
+                elastic.maybe_lend()
             return
         # Trajectories are taken when they finish generating; their scored rows trail by the
         # reward/advantage hop. Send once every row of the batch has arrived.
@@ -464,7 +489,8 @@ class RLDriver:
         self.sent_batch = None
         step, version = int(ev["step"]), int(ev["version"])
         now = self.clock.now()
-        self.trace.span("trainer", "update", f"train step {step}", now - float(ev.get("seconds") or 0.0), now,
+        end = self.published_at.pop(version, now)   # the trainer publishes right after its step, then reports it
+        self.trace.span("trainer", "update", f"train step {step}", end - float(ev.get("seconds") or 0.0), end,
                         version=version)
         # The rollout controller numbers a step by the trainer version it starts from.
         self._rc().on_trained(version - 1, version, [str(u) for u in ev.get("uids", sent["uids"])])
@@ -487,6 +513,8 @@ class RLDriver:
             "weight_sync_s": self.weight_sync.get(version, (None, None))[0],
             "weight_sync_bytes": self.weight_sync.get(version, (None, None))[1],
         }
+        if self.elastic is not None:
+            rec.update(self.elastic.step_metrics())
         for pool, frac in (sm.get("idle_fraction") or {}).items():
             rec[f"idle_fraction_{pool}"] = frac
         for k, v in (ev.get("metrics") or {}).items():

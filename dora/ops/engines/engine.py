@@ -140,6 +140,16 @@ class Engine(abc.ABC):
     def set_sampling_state(self, state: bytes) -> None:
         raise NotImplementedError(f"{type(self).__name__} cannot restore a sampling state")
 
+    def sleep(self) -> int:
+        """Hand the device memory back (async.elastic): drop the KV cache and the weights; only when
+        idle. Returns the bytes released. After wake() the engine holds room for weights but none
+        that count: it generates nothing until load_weights()."""
+        raise NotImplementedError(f"{type(self).__name__} cannot sleep (async.elastic needs an engine that can)")
+
+    def wake(self) -> int:
+        """Allocate the weights' memory again after sleep(); returns the bytes allocated."""
+        raise NotImplementedError(f"{type(self).__name__} cannot sleep (async.elastic needs an engine that can)")
+
     def close(self) -> None:
         pass
 

@@ -59,14 +59,20 @@ class TorchEngine(Engine):
         self._params: tuple[torch.Tensor, ...] | None = None   # per-row sampling params, rebuilt on change
         self.reprefill_tokens = 0
         self.generated_tokens = 0
+        self.asleep = False                # sleep(): parameters released (shapes kept to wake)
+        self.needs_weights = False         # woken, parameters allocated but not loaded yet
+        self._shapes: dict[str, torch.Size] = {}
 
     # ------------------------------------------------------------------ requests in
     def submit(self, req: SamplingRequest) -> None:
+        self._check_awake("submit")
         req.validate()
         self._check_new(req.uid, len(req.prompt_ids) + 1)
         self.waiting[req.uid] = _Seq(req, stops=self.eos_ids | frozenset(req.stop_ids))
 
     def import_(self, states: list[SequenceState]) -> None:
+        if states:
+            self._check_awake("import_")
         for st in states:
             st.request.validate()
             n_tokens = len(st.request.prompt_ids) + len(st.response_ids)
@@ -233,8 +239,50 @@ class TorchEngine(Engine):
         if self.running or self.waiting:
             raise RuntimeError(f"torch engine: load_weights(version={version}) with {len(self.running)} running and "
                                f"{len(self.waiting)} queued requests; switch only when idle or after interrupt_all()")
+        if self.asleep:
+            raise RuntimeError(f"torch engine: load_weights(version={version}) while asleep; wake() first")
         load_state_dict_into(self.model, weights)
         self.version = int(version)
+        self.needs_weights = False
+
+    # ------------------------------------------------------------ sleep / wake (async.elastic)
+    def sleep(self) -> int:
+        """Release every parameter's storage and the KV cache (on CUDA the allocator's cache too, so
+        the memory really goes back to the trainer sharing the device). Buffers that are not weights
+        (rotary tables: kilobytes) stay. Tied parameters are one tensor, released once."""
+        if self.running or self.waiting:
+            raise RuntimeError(f"torch engine: sleep() with {len(self.running)} running and {len(self.waiting)} "
+                               "queued requests; export them first")
+        if self.asleep:
+            return 0
+        freed = 0
+        for name, p in self.model.named_parameters():   # (named_parameters yields a tied tensor once)
+            self._shapes[name] = p.shape
+            freed += p.numel() * p.element_size()
+            p.data = p.data.new_empty(0)
+        self.batch, self._params = None, None
+        self.asleep = True
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return freed
+
+    def wake(self) -> int:
+        """Allocate the parameters again (contents undefined until load_weights)."""
+        if not self.asleep:
+            return 0
+        params = dict(self.model.named_parameters())
+        allocated = 0
+        for name, shape in self._shapes.items():
+            p = params[name]
+            p.data = torch.empty(shape, dtype=p.dtype, device=self.device)
+            allocated += p.numel() * p.element_size()
+        self.asleep, self.needs_weights = False, True
+        return allocated
+
+    def _check_awake(self, what: str) -> None:
+        if self.asleep or self.needs_weights:
+            raise RuntimeError(f"torch engine: {what}() while {'asleep' if self.asleep else 'woken without weights'}; "
+                               "wake() and load_weights() first")
 
     def sampling_state(self) -> bytes:
         return self.generator.get_state().numpy().tobytes()

@@ -10,7 +10,9 @@ then dispatch fills them like any instance.
 instance is exported with its KV and imported by the least-loaded instance of its version (one
 that is empty loads the version if none hosts it; otherwise the request waits, parked with its KV
 in host memory, counted in flight). Returns what moved, per lent instance, so the driver can
-charge the hand-back.
+charge the hand-back. A request the instance does not export is lost with it (it died: a live
+instance exports all it holds once its completions are delivered): its group is dropped whole as
+`replica_lost` and its id left in `lost_groups` for the driver to dispatch again.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 class Lending:
     def __init__(self, controller: "RolloutController"):
         self.c = controller
+        self.lost_groups: list[str] = []     # groups a reclaimed instance could not hand back
 
     def lend(self, instances: Sequence[RolloutInstance]) -> None:
         c, m, d = self.c, self.c.manager, self.c.dispatch
@@ -47,6 +50,7 @@ class Lending:
         """Empty every lent instance and take it out of the pool: name -> (requests, KV bytes) moved."""
         c, m, d = self.c, self.c.manager, self.c.dispatch
         out: dict[str, tuple[int, int]] = {}
+        lost: list = []
         now = c.clock.now()
         for name in sorted(m.lent):
             inst = m.instances[name]
@@ -58,9 +62,15 @@ class Lending:
                 d.park(reqs, states)
                 moved, kv = len(states), sum(s.kv_bytes for s in states)
                 c.ledger.count_migration(moved, kv)
+                lost += m.forget(name, list(m.on_instance[name]))
             d.close_span(name, inst.version, now)
             m.remove_instance(name)
             out[name] = (moved, kv)
+        if lost:   # dropped once every lent instance is out of the pool (on_dropped dispatches)
+            gids = sorted({r.group_id for r in lost})
+            c.on_dropped([c.ledger.members[g][0] for g in gids if g in c.ledger.members], "replica_lost")
+            c.ledger.count_dropped("replica_lost", len(lost))
+            self.lost_groups += gids
         d.place_parked()
         c.trace.instant("orchestrator", "elastic", "reclaim", now,
                         requests=sum(x for x, _ in out.values()), kv_bytes=sum(y for _, y in out.values()))

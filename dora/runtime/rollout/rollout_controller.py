@@ -8,7 +8,7 @@ RolloutInstance protocol. The driver (simulator or real runtime) calls:
     c.on_finished(instance_name, done)      # trajectories completed (uids or Finished records)
     if c.trainer_ready(): batch = c.take_batch()     # exactly TBS trajectories, whole groups
     c.on_trained(step, version_after, consumed_uids) # the step is over (weights not yet served)
-    c.on_published(version)                 # new weights can be loaded by rollout instances
+    c.on_published(version, lend=())        # new weights can be loaded by rollout instances
     c.on_dropped(uids, reason)              # a filter dropped these groups (e.g. DAPO dynamic sampling)
     c.tick()                                # periodically (every few seconds)
     c.lend(instances) / c.reclaim()         # elastic: trainer devices serve rollout while it waits
@@ -140,11 +140,16 @@ class RolloutController:
         self.ledger.trained_step(step, version_after, consumed_uids, self.clock.now(), live)
         self.policy.after_step()
 
-    def on_published(self, version: int) -> None:
+    def on_published(self, version: int, lend: Sequence[RolloutInstance] = ()) -> None:
+        """`lend`: elastic instances that join at this publish (the trainer just went idle), as
+        lend() does, but before the mode reacts to the new version, so a batch dispatched now
+        (sync, one_step_off) spreads over them too."""
         if version <= self.dispatch.newest:
             return
         self.dispatch.newest = version
         self.trace.instant("trainer", "publish", f"publish v{version}", self.clock.now())
+        if lend:
+            self.lending.lend(lend)
         self.policy.on_published(version)
         self._dispatch()
 
