@@ -39,13 +39,14 @@ class Resolved:
         return self.specs[node].name
 
 
-def _nodes_with(specs: dict[str, OpSpec | None], op: str) -> list[str]:
+def nodes_with(specs: dict[str, OpSpec | None], op: str) -> list[str]:
+    """The nodes whose op is `op` (a registry name), in graph order."""
     return [n for n, s in specs.items() if s is not None and s.name == op]
 
 
 def group_size_of(graph: Graph, specs: dict[str, OpSpec | None], params: dict[str, dict[str, Any]]) -> int | None:
     """The dataset nodes' group size (None without a dataset node)."""
-    sizes = {params[n]["group_size"] for n in _nodes_with(specs, "dataset") if n in params}
+    sizes = {params[n]["group_size"] for n in nodes_with(specs, "dataset") if n in params}
     return sizes.pop() if len(sizes) == 1 else None
 
 
@@ -60,7 +61,7 @@ def settings_problems(g: Graph, specs: dict[str, OpSpec | None]) -> list[Diagnos
                 diags.append(error(f"{section}.{key} {err}", g.loc_of(f"{section}.{key}"), hint=ps.doc))
     params = {n: fill_params(s, g.nodes[n].params, checked=True) for n, s in specs.items()
               if s is not None and isinstance(g.nodes[n].params, dict) and not param_problems(s, g.nodes[n].params)}
-    datasets = [n for n in _nodes_with(specs, "dataset") if n in params]
+    datasets = [n for n in nodes_with(specs, "dataset") if n in params]
     sizes = {n: params[n]["group_size"] for n in datasets}
     if len(set(sizes.values())) > 1:
         diags.append(error(f"dataset nodes disagree on group_size ({', '.join(f'{n}: {v}' for n, v in sizes.items())}): "
@@ -85,7 +86,7 @@ def _elastic_problems(g: Graph, specs: dict[str, OpSpec | None], params: dict[st
     if g.async_.elastic is not True:
         return []
     at = g.loc_of("async.elastic")
-    gens, ups = _nodes_with(specs, "generate"), _nodes_with(specs, "update")
+    gens, ups = nodes_with(specs, "generate"), nodes_with(specs, "update")
     if len(gens) != 1 or len(ups) != 1:
         return [error(f"async.elastic needs an RL graph with one generate and one update node (found {len(gens)} "
                       f"generate, {len(ups)} update): there are no trainer devices to lend", at)]
@@ -159,7 +160,7 @@ def _specs(g: Graph) -> dict[str, OpSpec]:
 
 
 def _derive_temperature(specs: dict[str, OpSpec], params: dict[str, dict[str, Any]]) -> None:
-    gens = {params[n]["temperature"] for n in _nodes_with(specs, "generate")}
+    gens = {params[n]["temperature"] for n in nodes_with(specs, "generate")}
     t = gens.pop() if len(gens) == 1 else 1.0
     t = t if t > 0 else 1.0   # greedy decoding reports logprobs at T = 1
     for n, p in params.items():

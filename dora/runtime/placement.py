@@ -202,18 +202,16 @@ def elastic_spares(graph: Graph) -> tuple[str, str, int] | None:
     gpu pool; one on a cpu pool (cores are not partitioned: a second spare would only time-share the
     same cores). None when elastic is off or the graph has not exactly one generate and one update
     (validation refuses elastic there)."""
+    from dora.graph.resolve import nodes_with
     from dora.graph.schema import resolve_all
 
     if graph.async_.elastic is not True:
         return None
     specs, _ = resolve_all(graph)
-    by_op = {}
-    for n, s in specs.items():
-        if s is not None:
-            by_op.setdefault(s.name, []).append(n)
-    if len(by_op.get("generate", ())) != 1 or len(by_op.get("update", ())) != 1:
+    gens, ups = nodes_with(specs, "generate"), nodes_with(specs, "update")
+    if len(gens) != 1 or len(ups) != 1:
         return None
-    gen, up = graph.nodes[by_op["generate"][0]], graph.nodes[by_op["update"][0]]
+    gen, up = graph.nodes[gens[0]], graph.nodes[ups[0]]
     pool = graph.pools.get(up.pool or DEFAULT_POOL)
     if pool is not None and pool.device == "gpu":
         return gen.name, up.name, (up.replicas * up.devices) // gen.devices
@@ -226,10 +224,10 @@ def _spare_placements(graph: Graph, placed: list[ReplicaPlacement]) -> list[Repl
         return []
     gen, up, n = found
     trainer = [r for r in placed if r.node == up]
+    host = trainer[0]                     # pool, device, threads: every rank's are alike
     first, width = graph.nodes[gen].replicas, graph.nodes[gen].devices
     out = []
     for i in range(n):
-        host = trainer[0]
         if host.kind == "gpu":   # the i-th share of the trainer's GPUs, across its ranks in order
             slots = tuple(s for r in trainer for s in r.slots)[i * width:(i + 1) * width]
             gpus = tuple(g for r in trainer for g in r.gpus)[i * width:(i + 1) * width]
