@@ -191,7 +191,7 @@ def test_off_policy_correction_is_the_same_however_the_step_is_split(tmp_path, s
 
 def test_bad_off_policy_is_a_clear_error(tmp_path):
     """Checked where dora validate checks params (update's check_params), the same check at run start-up."""
-    from dora.ops.update import check_params
+    from dora.ops.training.update_settings import check_params
 
     for spec, msg in (({"cap": 2.0}, "must be a mapping"), ({"name": "tiss"}, "valid names"),
                       ({"name": "tis", "cap": -1}, "cap must be a positive"), ({"name": "m2po", "cap": 2.0}, "unknown parameter")):

@@ -174,7 +174,7 @@ UPDATE = OpSpec(
         PRECISION, ACTIVATION_CHECKPOINTING,
     ),
     impl="dora.ops.update:UpdateOp",
-    check="dora.ops.update:check_params",
+    check="dora.ops.training.update_settings:check_params",
     is_update=True,
     sharded=True,
     when=(When("kl_coef", (0, 0.0), needs=("ref_logprobs",), negate=True),),

@@ -34,7 +34,7 @@ from dora.ops.arrow_rows import require_columns, with_column
 from dora.ops.logprobs import response_hidden
 from dora.ops.sharding.fsdp_model import ShardedModel
 from dora.ops.sharding.sharded_op import ShardedOp
-from dora.ops.update import default_model_factory
+from dora.ops.models import default_model_factory
 
 class ValueModel(nn.Module):
     def __init__(self, backbone: nn.Module, hidden_size: int):

@@ -236,3 +236,9 @@ def _load_hf_tokenizer(directory: str):
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def default_model_factory(model_cfg: dict, device: str, seed: int):
+    """(model, tokenizer) from the pipeline's model section: the factory the trainer, critic and
+    reference ops build their model with unless a test hands them another."""
+    return load_policy(model_cfg, device, seed=seed)

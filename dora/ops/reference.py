@@ -24,7 +24,7 @@ from dora.ops.arrow_rows import require_columns, with_column
 from dora.ops.logprobs import response_logprobs
 from dora.ops.sharding.fsdp_model import ShardedModel
 from dora.ops.sharding.sharded_op import ShardedOp
-from dora.ops.update import default_model_factory
+from dora.ops.models import default_model_factory
 
 
 @torch.no_grad()

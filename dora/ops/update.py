@@ -2,12 +2,12 @@
 whole groups (oldest policy_version first), publishes each new version on the weights edge, keeps
 the trained.jsonl ledger, and checkpoints when the driver asks. `replicas: N` makes one trainer of
 N ranks (FSDP2, dora/ops/sharding): rank 0 chooses, splits and reports; ranks 1.. follow its
-commands. Contract: docs/architecture.md, "Training ops" and "Sharded ops"."""
+commands. The step itself, the row choice, the settings and the checkpoint I/O are in
+dora/ops/training. Contract: docs/architecture.md, "Training ops" and "Sharded ops"."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import time
@@ -16,14 +16,16 @@ from typing import Any, Callable, Iterable
 import pyarrow as pa
 import torch
 
-from dora.algos import losses, off_policy
 from dora.algos.schedule import lr_at
 from dora.ops.base import OpContext
-from dora.ops.batching import collate, micro_batches, pad_lists, response_mask
 from dora.ops.arrow_rows import concat_rows, require_columns
-from dora.ops.logprobs import response_logprobs
+from dora.ops.models import default_model_factory
 from dora.ops.sharding.fsdp_model import ShardedModel
 from dora.ops.sharding.sharded_op import ShardedOp
+from dora.ops.training import trainer_checkpoint
+from dora.ops.training.batch_choice import choose_whole_groups
+from dora.ops.training.loss_step import LossStep
+from dora.ops.training.update_settings import loss_params, off_policy_of
 from dora.ops.weights import pretrained, versions as weights
 from dora.ops.weights.broadcast import WeightBroadcaster
 
@@ -31,54 +33,7 @@ NEEDS = ["uid", "prompt_ids", "response_ids", "behavior_logprobs", "advantages",
 OPTIONAL = ["reward", "ref_logprobs"]
 TRAIN_COLUMNS = ["prompt_ids", "response_ids", "behavior_logprobs", "advantages", "ref_logprobs"]  # what ranks 1.. get
 
-TRAINER_STATE = "trainer_state.pt"   # in a checkpoint folder: step, version, RNG (rank 0's)
-
 ModelFactory = Callable[[dict, str, int], tuple[Any, Any]]
-
-
-def loss_params(p: dict[str, Any]) -> dict[str, Any]:
-    """The update params that go to the policy loss function itself."""
-    out = {"clip_eps": p["clip_eps"], "clip_eps_high": p["clip_eps_high"]}
-    if p["dual_clip"] is not None:
-        out["dual_clip"] = p["dual_clip"]
-    return out
-
-
-def off_policy_of(spec: Any) -> tuple[str, dict[str, Any]]:
-    """(name, params) of the `off_policy` param {name: ..., <that correction's params>}; ValueError
-    naming what is wrong, after a dry run on one token (so a bad value fails at validate)."""
-    names = ", ".join(off_policy.OFF_POLICY.names())
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise ValueError(f"off_policy must be a mapping {{name: <{names}>, <its params>}}, got {spec!r}")
-    name, params = spec["name"], {k: v for k, v in spec.items() if k != "name"}
-    try:
-        one = torch.zeros(1, 1)
-        off_policy.compute(name, prox_logprobs=one, behavior_logprobs=one, mask=torch.ones(1, 1), **params)
-    except (ValueError, TypeError, KeyError) as e:
-        raise ValueError(f"off_policy: {str(e).strip(chr(39))}") from None
-    return name, params
-
-
-def check_params(p: dict[str, Any]) -> list[tuple[str, str]]:
-    """Rules across update's params (dora validate runs them; see OpSpec.check)."""
-    try:
-        off_policy_of(p["off_policy"])
-    except ValueError as e:
-        return [("off_policy", str(e))]
-    try:
-        losses.LOSSES.check_params(p["loss"], loss_params(p))
-    except ValueError as e:
-        return [("dual_clip" if p["dual_clip"] is not None else "loss", str(e))]
-    fixed = getattr(losses.LOSSES.get(p["loss"]), "fixed_agg", None)
-    if fixed is not None and p["agg"] != fixed:
-        return [("agg", f"loss {p['loss']!r} aggregates by {fixed}, got agg {p['agg']!r} (use ppo_clip for other aggregations)")]
-    return []
-
-
-def default_model_factory(model_cfg: dict, device: str, seed: int):
-    """(model, tokenizer) from the pipeline's model section (dora.ops.models.load_policy)."""
-    from dora.ops.models import load_policy
-    return load_policy(model_cfg, device, seed=seed)
 
 
 class UpdateOp(ShardedOp):
@@ -111,8 +66,10 @@ class UpdateOp(ShardedOp):
         self.model = self.sharded.module
         self.params = self.sharded.params()
         self.optimizer = torch.optim.AdamW(self.params, lr=p["lr"], weight_decay=p["weight_decay"])
-        self.temperature = p["temperature"]   # null in the YAML: resolved to the generate node's
         self.pad_id = int(getattr(self.tokenizer, "pad_token_id", 0) or 0)
+        self.loss_step = LossStep(params=p, ctx=ctx, sharded=self.sharded, optimizer=self.optimizer, group=self.group,
+                                  ranks=self.ranks, correction=self.correction, correction_params=self.correction_params,
+                                  loss_params=self.loss_params, pad_id=self.pad_id)
         self.buffer: pa.Table | None = None
         self.step = 0
         self.version = 0
@@ -181,34 +138,10 @@ class UpdateOp(ShardedOp):
 
     def _select(self) -> list[int] | None:
         """Row indices of exactly train_batch rows in whole groups, preferring the oldest policy_version; or None."""
-        if self.buffer is None or self.buffer.num_rows < self.train_batch:
+        if self.buffer is None:
             return None
-        gids = self.buffer.column("group_id").to_pylist()
-        vers = self.buffer.column("policy_version").to_pylist()
-        groups: dict[int, list[int]] = {}
-        for i, g in enumerate(gids):
-            groups.setdefault(g, []).append(i)
-        order = sorted(groups, key=lambda g: (min(vers[i] for i in groups[g]), groups[g][0]))
-        sizes = [len(groups[g]) for g in order]
-        # reach[k] = the row counts that groups order[k:] can make up: a group is taken, oldest first,
-        # only if the rest can still complete exactly train_batch (greedy first-fit could block forever
-        # on an old group that never fits, and could skip a selection that exists).
-        target = self.train_batch
-        reach = [set() for _ in range(len(order) + 1)]
-        reach[-1] = {0}
-        for k in range(len(order) - 1, -1, -1):
-            reach[k] = reach[k + 1] | {s + sizes[k] for s in reach[k + 1] if s + sizes[k] <= target}
-        if target not in reach[0]:
-            return None
-        chosen: list[int] = []
-        need = target
-        for k, g in enumerate(order):
-            if need - sizes[k] >= 0 and (need - sizes[k]) in reach[k + 1]:
-                chosen += groups[g]
-                need -= sizes[k]
-            if need == 0:
-                break
-        return sorted(chosen)
+        return choose_whole_groups(self.buffer.column("group_id").to_pylist(),
+                                   self.buffer.column("policy_version").to_pylist(), self.train_batch)
 
     def train_ready(self) -> bool:
         return not self.done and self._select() is not None
@@ -253,7 +186,7 @@ class UpdateOp(ShardedOp):
         """Every rank: one optimizer step on its rows (collectives inside), then the version's
         publication and the checkpoint, in the same order on every rank. `batch`: rank 0's whole batch."""
         p = self.p
-        metrics = self._forward_backward(cols, header)
+        metrics = self.loss_step.run(cols, header)
         seconds_train = time.perf_counter() - t0
         self.step += 1
         self.version += 1
@@ -280,128 +213,6 @@ class UpdateOp(ShardedOp):
             if self.leader:
                 self.ctx.report({"kind": "done", "node": self.ctx.node, "step": self.step, "version": self.version})
 
-    def _empty_pass(self) -> dict[str, list]:
-        """One row whose loss is exactly zero: a rank with fewer micro-batches than another runs
-        these, so every rank takes part in every parameter gather and gradient reduction."""
-        return {"prompt_ids": [[self.pad_id]], "response_ids": [[self.pad_id]], "behavior_logprobs": [[0.0]],
-                "advantages": [[0.0]], "ref_logprobs": [[0.0]]}
-
-    def _forward_backward(self, cols: dict[str, list], header: dict[str, Any]) -> dict[str, float]:
-        """The step's passes over this rank's rows and the optimizer step; metrics of the whole batch."""
-        p = self.p
-        prompts, resps = cols["prompt_ids"], cols["response_ids"]
-        mbs: list[Any] = micro_batches([len(a) + len(b) for a, b in zip(prompts, resps)], p["micro_batch_tokens"]) if prompts else []
-        if len(mbs) > header["micro_batches"]:
-            raise RuntimeError(f"{self.ctx.label}: {len(mbs)} micro-batches here, rank 0 planned {header['micro_batches']}")
-        mbs += [None] * (header["micro_batches"] - len(mbs))
-        dev = self.ctx.device
-        old: dict[int, torch.Tensor] = {}
-        token_w: dict[int, torch.Tensor] = {}
-        step_corr: off_policy.Correction | None = None    # over the whole step (every rank's rows): lr_scale, metrics
-        # a batch-wide correction's weights depend on every token of the step: pi_prox of all of it
-        # first (the same count of passes on every rank: each is a collective when sharded)
-        if off_policy.is_batch_wide(self.correction) and (len(mbs) > 1 or self.ranks > 1):
-            with torch.no_grad():
-                for k, mb in enumerate(mbs):
-                    with self.sharded.compute():
-                        pb = self._collate(self._rows(cols, mb), mb is None)
-                        old[k] = response_logprobs(self.model, pb, temperature=self.temperature)[0]
-            step_corr, token_w = self._correct_step(cols, mbs, old)
-        sums: dict[str, float] = {}
-        weight_sum = loss_total = 0.0
-        ratio_max = 0.0
-        grad_norms: list[float] = []
-        lr = header["lr"]
-        kw = dict(agg=p["agg"], entropy_coef=p["entropy_coef"], total_tokens=header["total_tokens"],
-                  total_seqs=header["total_seqs"], **self.loss_params)
-        for epoch in range(p["ppo_epochs"]):
-            self.optimizer.zero_grad(set_to_none=True)
-            for k, mb in enumerate(mbs):
-                self.ctx.progress()   # a long step is still work: the stall watchdog sees each micro-batch
-                rows = self._rows(cols, mb)
-                pb = self._collate(rows, mb is None)
-                T = pb.response_ids.shape[1]
-                with self.sharded.compute():
-                    logp, ent = response_logprobs(self.model, pb, temperature=self.temperature, with_entropy=True,
-                                                  entropy_grad=p["entropy_coef"] != 0)
-                if k not in old:
-                    old[k] = logp.detach()
-                if k not in token_w:   # token by token: this micro-batch's rows alone decide them
-                    behav = pad_lists(rows["behavior_logprobs"], T).to(dev)
-                    token_w[k] = off_policy.compute(self.correction, prox_logprobs=old[k], mask=pb.response_mask,
-                                                    behavior_logprobs=behav, **self.correction_params).weight
-                extra = {}
-                if header["use_ref"]:
-                    extra = {"ref_logprobs": pad_lists(rows["ref_logprobs"], T).to(dev), "kl_coef": p["kl_coef"],
-                             "kl_estimator": p["kl_estimator"]}
-                loss, m = losses.compute(
-                    p["loss"], logprobs=logp, old_logprobs=old[k], advantages=pad_lists(rows["advantages"], T).to(dev),
-                    mask=pb.response_mask, token_weights=token_w[k], entropy=ent, **kw, **extra)
-                loss.backward()
-                loss_total += m["loss"]
-                w = m["tokens"]
-                weight_sum += w
-                ratio_max = max(ratio_max, m.get("ratio_max", 0.0))
-                for key, val in m.items():
-                    if key not in ("loss", "pg_loss", "tokens", "ratio_max"):
-                        sums[key] = sums.get(key, 0.0) + val * w
-            if step_corr is None:   # every micro-batch's pi_prox is known once the first pass is over
-                step_corr, _ = self._correct_step(cols, mbs, old)
-            clip = p["grad_clip"] if p["grad_clip"] and p["grad_clip"] > 0 else float("inf")
-            grad_norm = self.sharded.clip_grad_norm_(clip)   # of the whole model: the same on every rank
-            grad_norms.append(grad_norm)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr * step_corr.lr_scale
-            if math.isfinite(grad_norm):
-                self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-        keys = sorted(sums)
-        if self.group is not None:   # the whole batch's sums: every rank has the same keys (same loss config)
-            loss_total, weight_sum, *vals = self.group.sum([loss_total, weight_sum] + [sums[k] for k in keys])
-            sums = dict(zip(keys, vals))
-            ratio_max = self.group.max([ratio_max])[0]
-        metrics = {key: val / max(weight_sum, 1.0) for key, val in sums.items()}
-        metrics.update(step_corr.metrics)
-        metrics.update({
-            "loss": loss_total / p["ppo_epochs"], "lr": lr * step_corr.lr_scale, "ratio_max": ratio_max,
-            "grad_norm": sum(grad_norms) / len(grad_norms),  # before clipping, mean over ppo_epochs
-            "micro_batches": header["micro_batches"],
-            "skipped_nonfinite_grad": sum(not math.isfinite(g) for g in grad_norms),
-        })
-        return metrics
-
-    def _rows(self, cols: dict[str, list], mb: list[int] | None) -> dict[str, list]:
-        return self._empty_pass() if mb is None else {c: [v[i] for i in mb] for c, v in cols.items()}
-
-    def _collate(self, rows: dict[str, list], empty: bool):
-        pb = collate(rows["prompt_ids"], rows["response_ids"], self.pad_id).to(self.ctx.device)
-        if empty:   # a padding pass (_empty_pass): it takes part in the collectives, its loss is zero
-            pb.response_mask.zero_()
-        return pb
-
-    def _correct_step(self, cols: dict[str, list], mbs: list[Any], old: dict[int, torch.Tensor]
-                      ) -> tuple[off_policy.Correction, dict[int, torch.Tensor]]:
-        """The correction over the whole step, every rank's rows (gathered: lr_scale and batch-wide
-        thresholds must not depend on how rows were split), and this rank's token weights per micro-batch."""
-        mine: list[torch.Tensor] = []   # log pi_prox - log pi_behav of each of this rank's rows, micro-batch order
-        for k, mb in enumerate(mbs):
-            for j, i in enumerate(mb or ()):
-                behav = torch.tensor(cols["behavior_logprobs"][i], dtype=torch.float64)
-                mine.append(old[k][j, :len(behav)].double().cpu() - behav)
-        every, offset = (mine, 0) if self.group is None else self.group.all_gather_rows(mine)
-        log_r = torch.nn.utils.rnn.pad_sequence(every, batch_first=True) if every else torch.zeros(0, 0, dtype=torch.float64)
-        mask = response_mask([len(r) for r in every], log_r.shape[1])
-        corr = off_policy.compute(self.correction, prox_logprobs=log_r, behavior_logprobs=torch.zeros_like(log_r),
-                                  mask=mask, **self.correction_params)
-        token_w, row = {}, offset
-        for k, mb in enumerate(mbs):   # this rank's rows sit at rows_before.. of the gathered step, in order
-            t = old[k].shape[1]
-            b = len(mb or ())
-            w = corr.weight[row: row + b, :t] if b else torch.zeros(old[k].shape)
-            token_w[k] = w.to(old[k].dtype).to(self.ctx.device)
-            row += b
-        return corr, token_w
-
     def _publish(self, seconds_train: float | None) -> None:
         """Every rank (the weights are gathered); rank 0 writes the version and reports it."""
         t0 = time.perf_counter()
@@ -422,21 +233,15 @@ class UpdateOp(ShardedOp):
     def _checkpoint(self, folder: str) -> None:
         """Every rank: the training state of this step into `folder` (collective): the full weights
         (rank 0), every rank's shards of model and optimizer, and the trainer's step, version and RNG."""
-        pretrained.save_training_checkpoint(self.sharded, self.optimizer, self.tokenizer, folder,
-                                            {"step": self.step, "version": self.version, "ranks": self.ranks,
-                                             "precision": self.p["precision"]})
-        if self.leader:
-            torch.save({"step": self.step, "version": self.version, "rng": torch.get_rng_state()},
-                       os.path.join(folder, TRAINER_STATE))
+        trainer_checkpoint.save(self.sharded, self.optimizer, self.tokenizer, folder, step=self.step,
+                                version=self.version, ranks=self.ranks, precision=self.p["precision"], leader=self.leader)
         self.last_saved_step = self.step
 
     def _restore(self, folder: str) -> None:
         """Every rank: continue from a checkpoint written by _checkpoint (any rank count: DCP reshards)."""
-        pretrained.load_training_checkpoint(self.sharded, self.optimizer, folder)
-        state = torch.load(os.path.join(folder, TRAINER_STATE), weights_only=True)
-        torch.set_rng_state(state["rng"])
-        self.step = self.last_saved_step = int(state["step"])
-        self.version = int(state["version"])
+        state = trainer_checkpoint.restore(self.sharded, self.optimizer, folder)
+        self.step = self.last_saved_step = state["step"]
+        self.version = state["version"]
         self.done = self.step >= self.p["steps"]
 
     def teardown(self) -> None:
