@@ -56,7 +56,7 @@ def free_port() -> int:
 
 def run_arm(arm: str, pipeline: str, overrides: list[str], out_root: str, i: int, deadline_s: float,
             hb_timeout: float) -> dict:
-    from dora.runtime.launch import execute, load_graph
+    from dora.rl.launch import execute, load_graph
     graph = load_graph(pipeline, overrides)
     if graph is None:
         raise SystemExit(2)

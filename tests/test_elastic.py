@@ -127,6 +127,6 @@ def test_run_lends_the_trainer_devices_and_hands_them_back_before_each_step(tmp_
 
 
 def test_run_refuses_elastic_on_ray_with_exit_2(capsys):
-    from dora.runtime.launch import run_main
+    from dora.rl.launch import run_main
     assert run_main([str(PIPELINES / "quickstart.yaml"), "async.elastic=true", "--backend", "ray", "--dry-run"]) == 2
     assert "local backend only" in capsys.readouterr().err

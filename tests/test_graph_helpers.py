@@ -7,7 +7,10 @@ from pathlib import Path
 from hypothesis import strategies as st
 
 from dora.graph.builtin_ops import BUILTIN_OPS
-from dora.graph.model import ASYNC_MODES, AsyncConfig, Edge, Graph, Node, Pool, RunConfig, WeightsEdge
+from dora.graph.model import AsyncConfig, Edge, Graph, Node, Pool, RunConfig, WeightsEdge
+from dora.rl.rollout import POLICIES
+
+ASYNC_MODES = POLICIES.names()
 from dora.graph.validate import check_file
 
 BASE = """\

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from dora.graph.diagnostics import errors_of
 from dora.graph.model import AsyncConfig, RunConfig
-from dora.graph.opspec import resolve_op
+from dora.graph.op_registry import resolve_op
 from dora.graph.sections import section_specs
 from dora.graph.validate import check_file
 from dora.graph.yaml_io import load_graph
@@ -65,9 +65,9 @@ def _run_start_up(path: str, overrides: list[str]) -> None:
     import msgpack
 
     from dora.graph.resolve import resolve
-    from dora.runtime.launch import run_main
+    from dora.rl.launch import run_main
     from dora.runtime.placement import format_plan, plan
-    from dora.runtime.rl_driver import RLDriver, RLRoles
+    from dora.rl.driver import RLDriver, RLRoles
     from dora.runtime.run_controller import Controller
 
     out = io.StringIO()

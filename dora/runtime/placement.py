@@ -16,7 +16,7 @@ at least 1, which the worker applies to torch and the backend exports as OMP/MKL
 Elastic spares (`async.elastic`, see `elastic_spares`): the generate node gets extra replicas,
 numbered after its own, each on a share of the update node's devices (same pool, slots and threads
 as the trainer: they time-share them, never running at the same time, see
-dora/runtime/elastic_lending.py). They do not count as the pool's users.
+dora/rl/elastic_lending.py). They do not count as the pool's users.
 
 A sharded op's replicas (update, critic, reference) are the ranks of ONE process group: rank r
 is replica r, rank 0 leads (it alone is wired to the data edges), and `Plan.data_replicas(node)` is
@@ -202,7 +202,7 @@ def elastic_spares(graph: Graph) -> tuple[str, str, int] | None:
     gpu pool; one on a cpu pool (cores are not partitioned: a second spare would only time-share the
     same cores). None when elastic is off or the graph has not exactly one generate and one update
     (validation refuses elastic there)."""
-    from dora.graph.resolve import nodes_with
+    from dora.graph.settings_check import nodes_with
     from dora.graph.schema import resolve_all
 
     if graph.async_.elastic is not True:

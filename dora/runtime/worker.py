@@ -74,7 +74,7 @@ def import_impl(path: str) -> type:
 
 def op_class(op: str) -> type:
     """The implementation class of an op, through the graph layer's op declarations."""
-    from dora.graph.opspec import resolve_op
+    from dora.graph.op_registry import resolve_op
 
     return import_impl(resolve_op(op).impl)
 

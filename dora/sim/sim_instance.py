@@ -30,8 +30,8 @@ import collections
 import heapq
 from typing import Callable
 
-from dora.runtime.rollout.trace import TraceWriter
-from dora.runtime.rollout.types import Finished, InstanceStats, Request, RequestState
+from dora.observe.trace import TraceWriter
+from dora.rl.rollout.types import Finished, InstanceStats, Request, RequestState
 
 from .virtual_clock import VirtualClock
 from .costmodel import CostModel

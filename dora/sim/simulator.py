@@ -14,7 +14,8 @@ import dataclasses
 import random
 from typing import Any
 
-from dora.runtime.rollout import RolloutConfig, RolloutController, TraceWriter
+from dora.observe.trace import TraceWriter
+from dora.rl.rollout import POLICIES, RolloutConfig, RolloutController
 
 from .virtual_clock import VirtualClock
 from .costmodel import MODELS, CostModel
@@ -59,7 +60,7 @@ def placement(cfg: SimConfig, cost: CostModel, workload: Workload) -> tuple[int,
     tp = cost.model.tp
     if cfg.gpus < tp or cfg.gpus % tp:
         raise ValueError(f"--gpus {cfg.gpus} must be a positive multiple of the rollout TP size {tp} ({cost.model.name})")
-    if cfg.mode == "sync":
+    if POLICIES[cfg.mode].staleness == 0:   # rollout and training never overlap: they share every GPU
         return cfg.gpus // tp, cfg.gpus, True
     if cfg.train_gpus:
         train = cfg.train_gpus

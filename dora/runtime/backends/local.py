@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from dora.runtime.backends import Launch
+from dora.runtime.backends.launch_spec import Launch
 from dora.runtime.run_files import write_owner
 
 
