@@ -13,7 +13,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from dora.graph.yaml_io import load_graph
 from dora.ops.engines.engine import SamplingRequest
 from dora.ops.engines.torch_engine import TorchEngine
-from dora.runtime.placement import plan
+from dora.rl.elastic_lending import elastic_spares
+from dora.runtime.placement import plan as place
 from e2e_audit import PIPELINES, RunDir, check_accounting, check_ledger, check_trace, dora_run
 from engine_helpers import drain
 
@@ -63,6 +64,11 @@ def test_sleep_releases_weights_and_kv_and_wake_then_load_generates_the_same(tie
     assert {u: r for u, (r, _) in got.items()} == {u: r for u, (r, _) in expected.items()}
     for u, (_, lps) in got.items():
         assert torch.allclose(torch.tensor(lps), torch.tensor(expected[u][1]), atol=1e-5)
+
+
+def plan(graph):
+    """The run's placement: elastic spares are the RL layer's to ask for."""
+    return place(graph, spares=elastic_spares(graph))
 
 
 def test_spare_is_placed_on_the_trainer_devices():

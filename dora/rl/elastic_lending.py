@@ -1,6 +1,7 @@
 """Elastic trainer devices in the real runtime (`async.elastic`), driven by the RL driver.
 
-The generate node has spare replicas placed on the trainer's devices (dora/runtime/placement.py).
+The generate node has spare replicas placed on the trainer's devices (`elastic_spares`, which the
+run hands to placement: dora/runtime/placement.py).
 They start asleep (no weights, no KV) and are not rollout instances until lent:
 
     lend      the trainer is idle (no batch sent, none ready, steps remain) and there is rollout
@@ -29,7 +30,30 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from dora.graph.model import Graph
+from dora.graph.schema import resolve_all
+from dora.graph.settings_check import nodes_with
 from dora.rl.replica_instance import ReplicaInstance
+from dora.runtime.placement import DEFAULT_POOL, Spares
+
+
+def elastic_spares(graph: Graph) -> Spares | None:
+    """The spare generate replicas `async.elastic` places on the update node's devices: one per share
+    of the trainer's devices a generate replica needs (update replicas x devices // generate devices)
+    on a gpu pool; one on a cpu pool (cores are not partitioned: a second spare would only time-share
+    the same cores). None when elastic is off or the graph has not exactly one generate and one update
+    (validation refuses elastic there)."""
+    if graph.async_.elastic is not True:
+        return None
+    specs, _ = resolve_all(graph)
+    gens, ups = nodes_with(specs, "generate"), nodes_with(specs, "update")
+    if len(gens) != 1 or len(ups) != 1:
+        return None
+    gen, up = graph.nodes[gens[0]], graph.nodes[ups[0]]
+    pool = graph.pools.get(up.pool or DEFAULT_POOL)
+    if pool is not None and pool.device == "gpu":
+        return Spares(gen.name, up.name, (up.replicas * up.devices) // gen.devices)
+    return Spares(gen.name, up.name, 1)
 
 
 

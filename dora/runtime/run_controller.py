@@ -43,7 +43,7 @@ from dora.runtime.allocator import tune_malloc
 from dora.runtime.backends import Launch, get_backend
 from dora.runtime.channel import Delivery, Inbox, OutEdge, bind_router
 from dora.runtime.errors import CallError, ReplicaLost, RunFailed, WireError
-from dora.runtime.placement import Inventory, Plan, gpu_shortfall, plan as make_plan
+from dora.runtime.placement import Inventory, Plan, Spares, gpu_shortfall, plan as make_plan
 from dora.runtime.security import RunKeys
 
 CONTROLLER = "controller"  # the sender label of batches the controller forwards on managed edges
@@ -104,7 +104,7 @@ class Controller:
                  start_timeout_s: float = START_TIMEOUT_S, stall_timeout_s: float = STALL_TIMEOUT_S,
                  backend_options: dict[str, Any] | None = None, resolved: Resolved | None = None,
                  restores: dict[str, dict[str, Any]] | None = None, secure: bool | None = None,
-                 max_restarts: int = 0, live_s: float = 0.5, monitor: Any = None):
+                 max_restarts: int = 0, live_s: float = 0.5, monitor: Any = None, spares: Spares | None = None):
         self.graph, self.driver, self.seed, self.deadline_s = graph, driver, seed, deadline_s
         # the settings every replica gets (params filled and derived, async after the mode's rules)
         self.resolved = resolved or resolve(graph)
@@ -118,7 +118,7 @@ class Controller:
         self.stall_timeout_s = stall_timeout_s
         self.stop_requested: str | None = None   # set (e.g. by a signal handler) to end the run cleanly
         inventory, self.gpu_problem = _inventory(graph, backend)
-        self.plan = make_plan(graph, inventory)
+        self.plan = make_plan(graph, inventory, spares=spares)   # spares: extra replicas on a host's devices
         self.rendezvous: dict[str, dict[str, Any]] = {}   # process group (node) -> {"host", "port"} its rank 0 bound
         self.backend_name, self.backend_options = backend, backend_options or {}
         self._own_run_dir = run_dir is None
