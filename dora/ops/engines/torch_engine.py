@@ -255,11 +255,7 @@ class TorchEngine(Engine):
                                "queued requests; export them first")
         if self.asleep:
             return 0
-        freed = 0
-        for name, p in self.model.named_parameters():   # (named_parameters yields a tied tensor once)
-            self._shapes[name] = p.shape
-            freed += p.numel() * p.element_size()
-            p.data = p.data.new_empty(0)
+        self._shapes, freed = release_parameters(self.model)
         self.batch, self._params = None, None
         self.asleep = True
         if self.device.type == "cuda":
@@ -270,12 +266,7 @@ class TorchEngine(Engine):
         """Allocate the parameters again (contents undefined until load_weights)."""
         if not self.asleep:
             return 0
-        params = dict(self.model.named_parameters())
-        allocated = 0
-        for name, shape in self._shapes.items():
-            p = params[name]
-            p.data = torch.empty(shape, dtype=p.dtype, device=self.device)
-            allocated += p.numel() * p.element_size()
+        allocated = allocate_parameters(self.model, self._shapes, self.device)
         self.asleep, self.needs_weights = False, True
         return allocated
 
@@ -326,3 +317,25 @@ def load_state_dict_into(model: torch.nn.Module, weights: dict[str, torch.Tensor
         raise ValueError(f"load_weights: state dict does not fit {type(model).__name__}: "
                          f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
                          f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}")
+
+
+def release_parameters(model: torch.nn.Module) -> tuple[dict[str, torch.Size], int]:
+    """Drop every parameter's storage, keeping its shape: (shapes, bytes freed). Tied parameters are
+    one tensor (named_parameters yields it once), released once."""
+    shapes, freed = {}, 0
+    for name, p in model.named_parameters():
+        shapes[name] = p.shape
+        freed += p.numel() * p.element_size()
+        p.data = p.data.new_empty(0)
+    return shapes, freed
+
+
+def allocate_parameters(model: torch.nn.Module, shapes: dict[str, torch.Size], device) -> int:
+    """Give released parameters storage again (contents undefined): bytes allocated."""
+    params = dict(model.named_parameters())
+    allocated = 0
+    for name, shape in shapes.items():
+        p = params[name]
+        p.data = torch.empty(shape, dtype=p.dtype, device=device)
+        allocated += p.numel() * p.element_size()
+    return allocated
