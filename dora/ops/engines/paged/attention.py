@@ -1,0 +1,79 @@
+"""Attention over the paged KV cache, for a prefill chunk and for a decode step.
+
+The cache of one layer is `[slots, kv_heads, head_dim]` (slot = block * block_size + offset).
+Each layer first writes the new tokens' keys and values at their slots, then attends:
+- prefill: the chunk's queries (several sequences packed in one row of tokens, each continuing
+  at its own position) against each sequence's keys gathered from the cache, with
+  scaled_dot_product_attention and a causal mask shifted by the sequence's start;
+- decode: one query per sequence against its blocks. On CUDA a Triton kernel reads the blocks in
+  place (triton_decode.py); elsewhere the blocks are gathered and attended in plain torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+
+def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
+             v: torch.Tensor) -> None:
+    k_cache.index_copy_(0, slots, k)
+    v_cache.index_copy_(0, slots, v)
+
+
+@dataclasses.dataclass
+class PrefillMeta:
+    slots: torch.Tensor      # [N] long: where each packed token's KV goes
+    gather: torch.Tensor     # [S, K] long: the slots of sequence s's keys 0..K-1 (padding: slot 0)
+    unpack: torch.Tensor     # [N] long: packed token -> s * q_width + its index in its chunk
+    mask: torch.Tensor       # [S, 1, q_width, K] bool: key j visible to query i of sequence s
+    q_width: int
+    group: int               # query heads per KV head
+
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> torch.Tensor:
+        n, heads, dim = q.shape
+        seqs = self.gather.shape[0]
+        qp = q.new_zeros(seqs * self.q_width, heads, dim).index_copy_(0, self.unpack, q)
+        qp = qp.view(seqs, self.q_width, heads, dim).transpose(1, 2)
+        k = k_cache[self.gather].transpose(1, 2).repeat_interleave(self.group, dim=1)
+        v = v_cache[self.gather].transpose(1, 2).repeat_interleave(self.group, dim=1)
+        out = F.scaled_dot_product_attention(qp, k, v, attn_mask=self.mask, scale=scale)
+        return out.transpose(1, 2).reshape(seqs * self.q_width, heads * dim).index_select(0, self.unpack)
+
+
+@dataclasses.dataclass
+class DecodeMeta:
+    slots: torch.Tensor          # [B] long: where each row's new KV goes (padded rows: the trash block)
+    block_tables: torch.Tensor   # [B, W] int32: each row's blocks (may be a strided view)
+    context_lens: torch.Tensor   # [B] int32: keys to attend, the new one included (padded rows: 0)
+    block_size: int
+    group: int
+    splits: int = 1              # Triton: context partitions per row (more parallelism at small batch)
+    triton: bool = False
+
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> torch.Tensor:
+        if self.triton:
+            from .triton_decode import paged_decode
+            out = paged_decode(q, k_cache, v_cache, self.block_tables, self.context_lens, scale=scale,
+                               block_size=self.block_size, splits=self.splits)
+        else:
+            out = decode_reference(q, k_cache, v_cache, self.block_tables, self.context_lens, scale, self.block_size)
+        return out.reshape(q.shape[0], -1)
+
+
+def decode_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                     context_lens: torch.Tensor, scale: float, block_size: int) -> torch.Tensor:
+    """Plain-torch paged decode: gather each row's blocks, mask past its length. [B, H, D] out;
+    a row with no context gets zeros."""
+    rows, heads, dim = q.shape
+    kv_heads = k_cache.shape[1]
+    width = block_tables.shape[1] * block_size
+    table = block_tables.long()
+    k = k_cache.view(-1, block_size, kv_heads, dim)[table].reshape(rows, width, kv_heads, dim).transpose(1, 2)
+    v = v_cache.view(-1, block_size, kv_heads, dim)[table].reshape(rows, width, kv_heads, dim).transpose(1, 2)
+    valid = torch.arange(width, device=q.device)[None, :] < context_lens[:, None]
+    out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=valid[:, None, None, :], scale=scale,
+                                         enable_gqa=heads != kv_heads)
+    return torch.where(context_lens[:, None, None] > 0, out[:, :, 0, :], 0.0)
