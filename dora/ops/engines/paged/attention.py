@@ -34,11 +34,13 @@ class PrefillMeta:
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> torch.Tensor:
         n, heads, dim = q.shape
-        seqs = self.gather.shape[0]
+        seqs, keys = self.gather.shape
         qp = q.new_zeros(seqs * self.q_width, heads, dim).index_copy_(0, self.unpack, q)
         qp = qp.view(seqs, self.q_width, heads, dim).transpose(1, 2)
-        k = k_cache[self.gather].transpose(1, 2).repeat_interleave(self.group, dim=1)
-        v = v_cache[self.gather].transpose(1, 2).repeat_interleave(self.group, dim=1)
+        flat = self.gather.view(-1)
+        kv_heads = k_cache.shape[1]
+        k = _heads_first(k_cache.index_select(0, flat), seqs, keys, kv_heads, dim).repeat_interleave(self.group, dim=1)
+        v = _heads_first(v_cache.index_select(0, flat), seqs, keys, kv_heads, dim).repeat_interleave(self.group, dim=1)
         out = F.scaled_dot_product_attention(qp, k, v, attn_mask=self.mask, scale=scale)
         return out.transpose(1, 2).reshape(seqs * self.q_width, heads * dim).index_select(0, self.unpack)
 
@@ -53,27 +55,42 @@ class DecodeMeta:
     splits: int = 1              # Triton: context partitions per row (more parallelism at small batch)
     triton: bool = False
 
+    def __post_init__(self):
+        if not self.triton:      # the torch path's gather index and mask, shared by every layer
+            self.gather, self.valid = gather_plan(self.block_tables, self.context_lens, self.block_size)
+
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> torch.Tensor:
         if self.triton:
             from .triton_decode import paged_decode
             out = paged_decode(q, k_cache, v_cache, self.block_tables, self.context_lens, scale=scale,
                                block_size=self.block_size, splits=self.splits)
         else:
-            out = decode_reference(q, k_cache, v_cache, self.block_tables, self.context_lens, scale, self.block_size)
+            out = decode_reference(q, k_cache, v_cache, self.gather, self.valid, scale, self.block_size)
         return out.reshape(q.shape[0], -1)
 
 
-def decode_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                     context_lens: torch.Tensor, scale: float, block_size: int) -> torch.Tensor:
-    """Plain-torch paged decode: gather each row's blocks, mask past its length. [B, H, D] out;
-    a row with no context gets zeros."""
-    rows, heads, dim = q.shape
-    kv_heads = k_cache.shape[1]
+def _heads_first(x: torch.Tensor, rows: int, keys: int, heads: int, dim: int) -> torch.Tensor:
+    """Gathered keys in token order (rows * keys * heads * dim values) -> [rows, heads, keys, D]."""
+    return x.view(rows, keys, heads, dim).transpose(1, 2)
+
+
+def gather_plan(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every row's blocks as one flat index [B * W], and which of their W * bs keys are real [B, 1, 1, W * bs]."""
     width = block_tables.shape[1] * block_size
-    table = block_tables.long()
-    k = k_cache.view(-1, block_size, kv_heads, dim)[table].reshape(rows, width, kv_heads, dim).transpose(1, 2)
-    v = v_cache.view(-1, block_size, kv_heads, dim)[table].reshape(rows, width, kv_heads, dim).transpose(1, 2)
-    valid = torch.arange(width, device=q.device)[None, :] < context_lens[:, None]
-    out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=valid[:, None, None, :], scale=scale,
+    valid = torch.arange(width, device=block_tables.device)[None, :] < context_lens[:, None]
+    return block_tables.reshape(-1).long(), valid[:, None, None, :]
+
+
+def decode_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor,
+                     valid: torch.Tensor, scale: float, block_size: int) -> torch.Tensor:
+    """Plain-torch paged decode: gather each row's blocks whole (one copy of block-sized rows), mask
+    past its length. [B, H, D] out (a row with no context gets NaN: only captured graphs pad, and
+    they run the Triton kernel)."""
+    rows, heads, dim = q.shape
+    keys, kv_heads = valid.shape[-1], k_cache.shape[1]
+    by_block = (-1, block_size * kv_heads * dim)
+    k = _heads_first(k_cache.view(by_block).index_select(0, blocks), rows, keys, kv_heads, dim)
+    v = _heads_first(v_cache.view(by_block).index_select(0, blocks), rows, keys, kv_heads, dim)
+    out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=valid, scale=scale,
                                          enable_gqa=heads != kv_heads)
-    return torch.where(context_lens[:, None, None] > 0, out[:, :, 0, :], 0.0)
+    return out[:, :, 0, :]
