@@ -62,7 +62,7 @@ class TorchEngine(Engine):
     def submit(self, req: SamplingRequest) -> None:
         self._check_awake("submit")
         req.validate()
-        self._check_new(req.uid, len(req.prompt_ids) + 1)
+        self._check_new(req.uid, req.prompt_ids, 1)
         seq = Seq(req, stops=self.eos_ids | frozenset(req.stop_ids), slot=route(self.runner.slots, req.version, self.latest))
         parked = self.sched.parked.get(req.continues) if req.continues is not None else None
         if parked is not None:   # (a continuation whose parked KV was dropped is prefilled in full)
@@ -82,7 +82,7 @@ class TorchEngine(Engine):
         for st in states:
             st.request.validate()
             n_tokens = len(st.request.prompt_ids) + len(st.response_ids)
-            self._check_new(st.request.uid, n_tokens)
+            self._check_new(st.request.uid, st.request.prompt_ids, len(st.response_ids))
             slot = route(self.runner.slots, st.kv_version if st.kv is not None else st.request.version, self.latest)
             seq = Seq(st.request, stops=self.eos_ids | frozenset(st.request.stop_ids), response=list(st.response_ids),
                       logprobs=list(st.logprobs), versions=list(st.token_versions), slot=slot)
@@ -93,11 +93,16 @@ class TorchEngine(Engine):
                 seq.reprefill = bool(seq.response)
             self.sched.waiting[st.request.uid] = seq
 
-    def _check_new(self, uid: str, n_tokens: int) -> None:
+    def _check_new(self, uid: str, prompt: list[int], more: int) -> None:
+        """A new uid whose prompt ids are in the vocabulary and whose prompt + `more` tokens (one to
+        generate; for an import, its response) fit the context."""
         if self.sched.find(uid) is not None:
             raise ValueError(f"torch engine: request uid {uid!r} is already in flight")
-        if n_tokens > self.max_seq_len:
-            raise ValueError(f"torch engine: request {uid!r} has {n_tokens - 1} tokens; max_seq_len is {self.max_seq_len}")
+        if len(prompt) + more > self.max_seq_len:
+            raise ValueError(f"torch engine: request {uid!r} needs {len(prompt) + more} positions; "
+                             f"max_seq_len is {self.max_seq_len} (refused, not truncated)")
+        if min(prompt) < 0 or max(prompt) >= self.spec.vocab:
+            raise ValueError(f"torch engine: request {uid!r} has token ids outside the vocabulary [0, {self.spec.vocab})")
 
     def _check_kv(self, st: SequenceState, n_tokens: int) -> None:
         uid = st.request.uid
