@@ -1,6 +1,7 @@
 """The Triton paged-decode kernel against the plain-torch reference, run by Triton's interpreter on
 the CPU: GQA groups that are not powers of two, head sizes that need padding, shuffled block
-tables, empty (padded) rows, and the split-context reduction.
+tables, empty (padded) rows, and the split-context reduction; then the whole engine with the
+kernel doing every attention (prefill chunks as one row per token, as on CUDA).
 
 Triton picks interpreter mode when it is imported, so the kernel runs in a fresh process with
 TRITON_INTERPRET=1 (another test of the session may have imported triton already)."""
@@ -42,12 +43,41 @@ def worst_errors() -> list[float]:
     return out
 
 
-def test_kernel_equals_the_torch_reference():
+def engine_worst_logprob_error() -> float:
+    """Run in the interpreter process: the engine with attention='triton' on a group sharing a prompt
+    (chunked prefill, prefix hits) and a few others; max |logprob - teacher forcing|."""
+    import torch
+
+    from dora.ops.engines.engine import SamplingRequest
+    from dora.ops.engines.torch_engine import TorchEngine
+    from engine_helpers import drain, teacher_forced_logprobs, tiny_llama
+
+    model = tiny_llama()
+    eng = TorchEngine(model, max_batch=6, seed=2, eos_ids=[], attention="triton", max_prefill_tokens=24)
+    shared = [(7 * i) % 60 + 3 for i in range(37)]
+    prompts = [shared] * 3 + [[5, 6, 7], [9] * 20, [11, 12]]
+    for i, p in enumerate(prompts):
+        eng.submit(SamplingRequest(f"r{i}", p, 0, max_tokens=5, temperature=1.0))
+    out = drain(eng)
+    assert eng.stats().prefix_hit_tokens == 2 * 32, eng.stats()
+    return max((teacher_forced_logprobs(model, c.prompt_ids, c.response_ids, 1.0) - torch.tensor(c.logprobs))
+               .abs().max().item() for c in out.values())
+
+
+def _interpreted(call: str):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "TRITON_INTERPRET": "1",
            "PYTHONPATH": os.pathsep.join([root, os.path.join(root, "tests"), os.environ.get("PYTHONPATH", "")])}
-    code = "import json, test_engine_triton as t; print(json.dumps(t.worst_errors()))"
+    code = f"import json, test_engine_triton as t; print(json.dumps(t.{call}()))"
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_kernel_equals_the_torch_reference():
+    errors = _interpreted("worst_errors")
     assert all(e < 1e-5 for e in errors), dict(zip(map(str, CASES), errors))
+
+
+def test_engine_on_the_kernel_matches_teacher_forcing():
+    assert _interpreted("engine_worst_logprob_error") < 1e-4

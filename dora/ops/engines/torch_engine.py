@@ -31,8 +31,10 @@ class TorchEngine(Engine):
     def __init__(self, model: torch.nn.Module, *, version: int = 0, max_batch: int = 64, seed: int = 0,
                  eos_ids: list[int] | None = None, max_seq_len: int | None = None, dtype: str | torch.dtype | None = None,
                  device: str | torch.device | None = None, kv_cache_gb: float | None = None, memory_fraction: float = 0.9,
-                 block_size: int = 16, max_prefill_tokens: int = 4096, cuda_graphs: bool = True, max_versions: int = 1):
-        """model: a transformers llama/qwen2 causal LM whose weights (and config) the engine copies."""
+                 block_size: int = 16, max_prefill_tokens: int = 4096, cuda_graphs: bool = True, max_versions: int = 1,
+                 attention: str | None = None):
+        """model: a transformers llama/qwen2 causal LM whose weights (and config) the engine copies.
+        attention: 'triton' (the paged kernel; default on CUDA) or 'torch' (default elsewhere)."""
         self.spec = spec_of(model.config)
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype or next(model.parameters()).dtype
@@ -41,7 +43,8 @@ class TorchEngine(Engine):
         self.block_size = int(block_size)
         self.eos_ids = frozenset(_default_eos(model) if eos_ids is None else eos_ids)
         self.runner = ModelRunner(self.spec, model.config, dtype=self.dtype, device=self.device, max_batch=self.max_batch,
-                                  max_seq_len=self.max_seq_len, block_size=self.block_size, cuda_graphs=cuda_graphs)
+                                  max_seq_len=self.max_seq_len, block_size=self.block_size, cuda_graphs=cuda_graphs,
+                                  attention=attention)
         W.load_into(self.runner.new_slot().model, model.state_dict())
         self.runner.slots[0].version = self.version = int(version)
         self.latest = 0                  # the slot of the newest version

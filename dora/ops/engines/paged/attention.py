@@ -1,12 +1,16 @@
-"""Attention over the paged KV cache, for a prefill chunk and for a decode step.
+"""Attention over the paged KV cache.
 
 The cache of one layer is `[slots, kv_heads, head_dim]` (slot = block * block_size + offset).
-Each layer first writes the new tokens' keys and values at their slots, then attends:
-- prefill: the chunk's queries (several sequences packed in one row of tokens, each continuing
-  at its own position) against each sequence's keys gathered from the cache, with
-  scaled_dot_product_attention and a causal mask shifted by the sequence's start;
-- decode: one query per sequence against its blocks. On CUDA a Triton kernel reads the blocks in
-  place (triton_decode.py); elsewhere the blocks are gathered and attended in plain torch.
+Each layer first writes the new tokens' keys and values at their slots (model.py), then attends
+with one of two metas:
+- DecodeMeta: every query row attends to the first `context_lens[row]` keys of its block table.
+  A decode step has one row per sequence; with the Triton kernel (CUDA) a prefill chunk is the
+  same thing, one row per token (its context ends at its own position), so the kernel reads
+  the blocks in place with no padding and no mask. Without Triton, rows gather their blocks
+  and attend in plain torch.
+- PrefillMeta (plain torch): the chunk's sequences padded to one batch, each against its keys
+  gathered from the cache, with scaled_dot_product_attention and a causal mask shifted by the
+  sequence's start.
 """
 
 from __future__ import annotations
@@ -15,12 +19,6 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
-
-
-def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
-             v: torch.Tensor) -> None:
-    k_cache.index_copy_(0, slots, k)
-    v_cache.index_copy_(0, slots, v)
 
 
 @dataclasses.dataclass

@@ -43,23 +43,34 @@ def decode_meta(rows: torch.Tensor, block_size: int, group: int, *, splits: int 
     return rows[:, 0], rows[:, 1], meta
 
 
-def prefill_inputs(chunks: list[tuple[Seq, int, int]], block_size: int, group: int,
-                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor, PrefillMeta]:
-    """Pack the chunks' tokens into one row; each sequence attends to its keys 0..end-1."""
+def prefill_inputs(chunks: list[tuple[Seq, int, int]], block_size: int, group: int, device: torch.device,
+                   triton: bool) -> tuple[torch.Tensor, torch.Tensor, DecodeMeta | PrefillMeta]:
+    """Pack the chunks' tokens into one row; the token at position p of a sequence attends to that
+    sequence's keys 0..p."""
     width = max(end - start for _, start, end in chunks)
-    keys = max(end for _, _, end in chunks)
     flat = np.concatenate([np.stack([np.asarray(seq.tokens[start:end]), np.arange(start, end),
                                      slots_of(seq.blocks, start, end, block_size),
                                      i * width + np.arange(end - start)])
                            for i, (seq, start, end) in enumerate(chunks)], axis=1)
+    on_device = torch.from_numpy(flat).to(device)
+    ids, positions, slots = on_device[0], on_device[1], on_device[2]
+    if triton:   # a row per token, its seq's block table
+        blocks = max(len(seq.blocks) for seq, _, _ in chunks)
+        tables = np.zeros((len(chunks), blocks), dtype=np.int32)
+        for i, (seq, _, _) in enumerate(chunks):
+            tables[i, :len(seq.blocks)] = seq.blocks
+        rows = np.repeat(tables, [end - start for _, start, end in chunks], axis=0)
+        meta = DecodeMeta(slots=slots, block_tables=torch.from_numpy(rows).to(device),
+                          context_lens=(positions + 1).int(), block_size=block_size, group=group, triton=True)
+        return ids, positions, meta
+    keys = max(end for _, _, end in chunks)
     gather = np.zeros((len(chunks), keys), dtype=np.int64)
     for i, (seq, _, end) in enumerate(chunks):
         gather[i, :end] = slots_of(seq.blocks, 0, end, block_size)
     bounds = torch.tensor([[start, end] for _, start, end in chunks], device=device)
-    flat = torch.from_numpy(flat).to(device)
     query = torch.arange(width, device=device)[None, :, None] + bounds[:, 0, None, None]
     key = torch.arange(keys, device=device)[None, None, :]
     mask = (key <= query) & (key < bounds[:, 1, None, None])
-    meta = PrefillMeta(slots=flat[2], gather=torch.from_numpy(gather).to(device), unpack=flat[3],
+    meta = PrefillMeta(slots=slots, gather=torch.from_numpy(gather).to(device), unpack=on_device[3],
                        mask=mask[:, None], q_width=width, group=group)
-    return flat[0], flat[1], meta
+    return ids, positions, meta

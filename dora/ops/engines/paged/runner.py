@@ -38,13 +38,15 @@ def triton_available() -> bool:
 
 class ModelRunner:
     def __init__(self, spec: ModelSpec, hf_config, *, dtype: torch.dtype, device: torch.device, max_batch: int,
-                 max_seq_len: int, block_size: int, cuda_graphs: bool):
+                 max_seq_len: int, block_size: int, cuda_graphs: bool, attention: str | None = None):
         self.spec, self.dtype, self.device = spec, dtype, torch.device(device)
-        self.max_batch, self.block_size = max_batch, block_size
+        self.max_batch, self.block_size, self.max_seq_len = max_batch, block_size, max_seq_len
         self.width = -(-max_seq_len // block_size)          # block-table columns of a maximum-length request
         self.rope = rope_tables(hf_config, max_seq_len, self.device)
         self.cuda = self.device.type == "cuda"
-        self.triton = self.cuda and triton_available()
+        if attention not in (None, "triton", "torch"):
+            raise ValueError(f"torch engine: attention must be 'triton' or 'torch' (None: triton on CUDA), got {attention!r}")
+        self.triton = attention == "triton" or (attention is None and self.cuda and triton_available())
         self.use_graphs = self.cuda and cuda_graphs
         self.graph_pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.kv: KVCache | None = None
@@ -60,7 +62,7 @@ class ModelRunner:
     # ------------------------------------------------------------ forward passes
     @torch.inference_mode()
     def prefill(self, slot: WeightSlot, chunks: list[tuple[Seq, int, int]]) -> None:
-        ids, positions, meta = prefill_inputs(chunks, self.block_size, self.spec.group, self.device)
+        ids, positions, meta = prefill_inputs(chunks, self.block_size, self.spec.group, self.device, self.triton)
         slot.model(ids, positions, self.rope, self.kv.layers, meta)
 
     @torch.inference_mode()
@@ -89,7 +91,7 @@ class ModelRunner:
 
     def _splits(self, rows: int) -> int:
         """Context partitions per row for the Triton kernel: enough programs to fill the GPU twice over."""
-        if not self.triton:
+        if not (self.triton and self.cuda):
             return 1
         target = 2 * torch.cuda.get_device_properties(self.device).multi_processor_count
         splits = 1
@@ -110,14 +112,15 @@ class ModelRunner:
         is allocated now (CUDA: measured by running them against a scratch KV cache)."""
         if not self.cuda:
             return 0
-        seq = Seq(req=None, stops=frozenset(), tokens=[0] * (max_prefill_tokens + 1))   # type: ignore[arg-type]
+        chunk = min(max_prefill_tokens, self.max_seq_len - 1)
+        seq = Seq(req=None, stops=frozenset(), tokens=[0] * (chunk + 1))   # type: ignore[arg-type]
         blocks = seq.blocks_needed(self.block_size)
         seq.blocks = list(range(1, blocks + 1))
         saved, self.kv = self.kv, KVCache(self.spec, self.block_size, blocks + 1, self.dtype, self.device)
         torch.cuda.synchronize(self.device)
         base = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
-        self.prefill(self.slots[0], [(seq, 0, max_prefill_tokens)])
+        self.prefill(self.slots[0], [(seq, 0, chunk)])
         logits = self._decode_eager(self.slots[0], [seq] * self.max_batch)
         torch.softmax(logits.float(), dim=-1)
         torch.cuda.synchronize(self.device)
