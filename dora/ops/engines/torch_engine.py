@@ -15,6 +15,7 @@ import torch
 from .engine import Completion, Engine, EngineStats, SamplingRequest, SequenceState
 from .paged import weights as W
 from .paged.blocks import BlockPool
+from .paged.checks import check_kv, check_request
 from .paged.kv_cache import KVCache
 from .paged.memory import budget_blocks, initial_blocks
 from .paged.runner import ModelRunner
@@ -84,38 +85,20 @@ class TorchEngine(Engine):
             self._check_awake("import_")
         for st in states:
             st.request.validate()
-            n_tokens = len(st.request.prompt_ids) + len(st.response_ids)
             self._check_new(st.request.uid, st.request.prompt_ids, len(st.response_ids))
             slot = route(self.runner.slots, st.kv_version if st.kv is not None else st.request.version, self.latest)
             seq = Seq(st.request, stops=self.eos_ids | frozenset(st.request.stop_ids), response=list(st.response_ids),
                       logprobs=list(st.logprobs), versions=list(st.token_versions), slot=slot)
             if st.kv is not None and st.kv_version == self.runner.slots[slot].version:
-                self._check_kv(st, n_tokens)
+                check_kv(st, self.spec)
                 seq.pending_kv = st.kv
             else:   # KV missing or computed by other weights: prefilled again here, and counted
                 seq.reprefill = bool(seq.response)
             self.sched.waiting[st.request.uid] = seq
 
     def _check_new(self, uid: str, prompt: list[int], more: int) -> None:
-        """A new uid whose prompt ids are in the vocabulary and whose prompt + `more` tokens (one to
-        generate; for an import, its response) fit the context."""
-        if self.sched.find(uid) is not None:
-            raise ValueError(f"torch engine: request uid {uid!r} is already in flight")
-        if len(prompt) + more > self.max_seq_len:
-            raise ValueError(f"torch engine: request {uid!r} needs {len(prompt) + more} positions; "
-                             f"max_seq_len is {self.max_seq_len} (refused, not truncated)")
-        if min(prompt) < 0 or max(prompt) >= self.spec.vocab:
-            raise ValueError(f"torch engine: request {uid!r} has token ids outside the vocabulary [0, {self.spec.vocab})")
-
-    def _check_kv(self, st: SequenceState, n_tokens: int) -> None:
-        uid = st.request.uid
-        if len(st.kv) != self.spec.layers:
-            raise ValueError(f"torch engine: KV of {uid!r} has {len(st.kv)} layers, model has {self.spec.layers}")
-        for k, v in st.kv:
-            ok = k.dim() == 3 and k.shape[0] == self.spec.kv_heads and k.shape[2] == self.spec.head_dim
-            if not ok or k.shape != v.shape or k.shape[1] != st.kv_len or st.kv_len > n_tokens - 1:
-                raise ValueError(f"torch engine: KV of {uid!r} has shape {tuple(k.shape)}, expected ({self.spec.kv_heads}, "
-                                 f"n <= {n_tokens - 1}, {self.spec.head_dim}) (kv heads, tokens but the last, head dim)")
+        check_request(uid, prompt, more, in_flight=self.sched.find(uid) is not None, vocab=self.spec.vocab,
+                      max_seq_len=self.max_seq_len)
 
     def _write_kv(self, seq: Seq) -> None:
         seq.computed = self.runner.kv.write(seq.blocks, seq.pending_kv)
