@@ -110,30 +110,33 @@ class TorchEngine(Engine):
         sched = self.sched
         sched.admit()
         chunks = sched.prefill_chunks()
-        for slot, part in _by_slot(chunks, lambda c: c[0].slot).items():
-            self.runner.prefill(self.runner.slots[slot], part)
-        sched.prefilled(chunks)
-        if not sched.running:
-            return []
-        sched.reserve_decode()
-        order, logits = [], []
-        for slot, seqs in _by_slot(sched.running, lambda s: s.slot).items():
-            logits.append(self.runner.decode(self.runner.slots[slot], seqs))
-            order += seqs
+        sched.prefilled(chunks)          # (bookkeeping: the forward below computes what it records)
+        if sched.running:
+            sched.reserve_decode()
+        groups = _by_slot(sched.running, lambda s: s.slot)
+        order = [seq for seqs in groups.values() for seq in seqs]
         reqs = [s.req for s in order]
         temps, top_ps, top_ks = [r.temperature for r in reqs], [r.top_p for r in reqs], [r.top_k for r in reqs]
-        tokens, logprobs = sample(torch.cat(logits) if len(logits) > 1 else logits[0],
-                                  *sampling_tensors(temps, top_ps, top_ks, self.device), self.generator,
+        params = sampling_tensors(temps, top_ps, top_ks, self.device) if order else None   # copied while the GPU idles
+        for slot, part in _by_slot(chunks, lambda c: c[0].slot).items():
+            self.runner.prefill(self.runner.slots[slot], part)
+        if not order:
+            return []
+        logits = [self.runner.decode(self.runner.slots[slot], seqs) for slot, seqs in groups.items()]
+        tokens, logprobs = sample(torch.cat(logits) if len(logits) > 1 else logits[0], *params, self.generator,
                                   SamplePlan.of(temps, top_ps, top_ks))
         sampled = torch.stack([tokens.double(), logprobs.double()], dim=1).tolist()   # the step's one device-to-host copy
+        return self._advance(order, sampled)
+
+    def _advance(self, order: list[Seq], sampled: list[list[float]]) -> list[Completion]:
         done = []
         for seq, (token, logprob) in zip(order, sampled):
             seq.computed += 1                     # the decode wrote the KV of the token it fed
             seq.append(int(token), logprob, self.runner.slots[seq.slot].version)
-            sched.seal(seq)
+            self.sched.seal(seq)
             reason = seq.finish_reason(self.max_seq_len)
             if reason is not None:
-                sched.finish(seq)
+                self.sched.finish(seq)
                 done.append(seq.completion(reason))
         self.generated_tokens += len(order)
         return done

@@ -102,8 +102,9 @@ class ModelRunner:
     def drop_graphs(self) -> None:
         for slot in self.slots:
             slot.graphs = None
-        if self.cuda:
+        if self.use_graphs:
             torch.cuda.synchronize(self.device)
+            self.graph_pool = torch.cuda.graph_pool_handle()   # the next captures start a fresh pool
 
     # ------------------------------------------------------------ memory
     @torch.inference_mode()
