@@ -154,3 +154,15 @@ def test_elastic_spare_starts_asleep_and_serves_after_wake_and_load(tmp_path):
     got = {r["uid"]: r["response_ids"] for r in pa.Table.from_batches(run(spare)).to_pylist()}
     assert got == want
     assert spare.call("sleep", {})["bytes"] > 0 and spare.engine.weight_bytes() == 0
+
+
+def test_torch_engine_dtype_kv_budget_and_stats_reach_the_op():
+    op, _ = make_op(dtype="bfloat16", kv_cache_gb=0.01)
+    assert op.engine.dtype == torch.bfloat16
+    op.process(prompts(4), "prompts")
+    run(op)
+    stats = op.call("stats", {})
+    assert stats["prefill_tokens"] > 0 and stats["kv_blocks_used"] == 0 and stats["kv_blocks_free"] > 0
+    assert {"prefix_hit_tokens", "parked_requests", "parked_dropped"} <= set(stats) and op.live_stats() == stats
+    with pytest.raises(ValueError, match="kv_cache_gb' must be >= 0.001"):
+        make_op(kv_cache_gb=0.00001)
