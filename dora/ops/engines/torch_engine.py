@@ -216,7 +216,7 @@ class TorchEngine(Engine):
         return allocated + self.runner.kv.nbytes
 
     def _allocate_kv(self) -> None:
-        blocks = 1 + initial_blocks(self.device, self.budget, self.max_seq_len, self.block_size)
+        blocks = 1 + initial_blocks(self.device, self.budget)
         self.runner.kv = KVCache(self.spec, self.block_size, blocks, self.dtype, self.device)
         self.sched.pool = BlockPool(blocks, self.block_size)
 

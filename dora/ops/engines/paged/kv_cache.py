@@ -4,8 +4,8 @@ One tensor [2, layers, blocks * block_size, kv_heads, head_dim] holds every laye
 values; a layer's keys are the view [slots, kv_heads, head_dim]. It is zero-filled, so a slot
 nobody wrote holds finite numbers (a masked attention weight of 0 times them is 0, never NaN).
 On CUDA the tensor is allocated once at its full budget (captured graphs hold its address); on
-CPU it starts at one maximum-length request and doubles up to the budget as requests need it,
-so a large nominal budget costs no memory until used.
+CPU it starts small and doubles up to the budget as requests need it, so a large nominal budget
+costs no memory until used.
 """
 
 from __future__ import annotations

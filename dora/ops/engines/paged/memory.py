@@ -4,7 +4,8 @@
 - CUDA, not given: `memory_fraction` of the device's total memory, less what this process holds
   (the weights) and the measured workspace (activations of the largest prefill chunk and decode
   batch), and never more than is free now (another process, e.g. a trainer, may hold the rest).
-- CPU, not given: enough for max_batch requests of max_seq_len tokens (allocated as used).
+- CPU, not given: enough for max_batch requests of max_seq_len tokens (allocated as used: the
+  tensor starts small and doubles).
 A budget that cannot hold one request of max_seq_len tokens is refused at start-up.
 """
 
@@ -45,9 +46,12 @@ def budget_blocks(spec: ModelSpec, *, block_size: int, dtype: torch.dtype, devic
     return int(blocks)
 
 
-def initial_blocks(device: torch.device, budget: int, max_seq_len: int, block_size: int) -> int:
-    """Blocks to allocate now: all of them on CUDA (graphs hold the tensor's address); on CPU one
-    maximum-length request's worth, the tensor growing as requests need more."""
+CPU_START_BLOCKS = 64   # the CPU tensor doubles from here as requests need more (the start only saves a few copies)
+
+
+def initial_blocks(device: torch.device, budget: int) -> int:
+    """Blocks to allocate now: all of them on CUDA (graphs hold the tensor's address); on CPU a few,
+    the tensor growing as requests need more."""
     if device.type == "cuda":
         return budget
-    return min(budget, -(-max_seq_len // block_size))
+    return min(budget, CPU_START_BLOCKS)
