@@ -18,6 +18,8 @@ from .spec import ModelSpec
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32:    # one fused op; below float32, transformers' exact order of casts
+        return F.rms_norm(x, weight.shape, weight, eps)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
@@ -64,11 +66,10 @@ class DecoderLayer(nn.Module):
                 v_cache: torch.Tensor, meta) -> torch.Tensor:
         s = self.spec
         h = rms_norm(x, self.ln1, s.rms_eps)
-        q, k, v = F.linear(h, self.qkv_w, self.qkv_b).split([s.q_size, s.kv_size, s.kv_size], dim=-1)
-        q = apply_rope(q.reshape(-1, s.heads, s.head_dim), cos, sin)
-        k = apply_rope(k.reshape(-1, s.kv_heads, s.head_dim), cos, sin)
+        qkv = F.linear(h, self.qkv_w, self.qkv_b).view(-1, s.heads + 2 * s.kv_heads, s.head_dim)
+        q, k = apply_rope(qkv[:, :s.heads + s.kv_heads], cos, sin).split([s.heads, s.kv_heads], dim=1)
         k_cache.index_copy_(0, meta.slots, k)
-        v_cache.index_copy_(0, meta.slots, v.reshape(-1, s.kv_heads, s.head_dim))
+        v_cache.index_copy_(0, meta.slots, qkv[:, s.heads + s.kv_heads:])
         x = x + F.linear(meta.attend(q, k_cache, v_cache, self.scale), self.o_w, self.o_b)
         gate, up = F.linear(rms_norm(x, self.ln2, s.rms_eps), self.gate_up_w).chunk(2, dim=-1)
         return x + F.linear(F.silu(gate) * up, self.down_w)

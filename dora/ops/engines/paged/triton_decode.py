@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_N = 32   # keys per loop iteration
+BLOCK_N = 64   # keys per loop iteration
 
 
 @triton.jit
