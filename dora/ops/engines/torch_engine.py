@@ -113,12 +113,12 @@ class TorchEngine(Engine):
         sched.prefilled(chunks)          # (bookkeeping: the forward below computes what it records)
         if sched.running:
             sched.reserve_decode()
-        groups = _by_slot(sched.running, lambda s: s.slot)
+        groups = self._by_slot(sched.running, lambda s: s.slot)
         order = [seq for seqs in groups.values() for seq in seqs]
         reqs = [s.req for s in order]
         temps, top_ps, top_ks = [r.temperature for r in reqs], [r.top_p for r in reqs], [r.top_k for r in reqs]
         params = sampling_tensors(temps, top_ps, top_ks, self.device) if order else None   # copied while the GPU idles
-        for slot, part in _by_slot(chunks, lambda c: c[0].slot).items():
+        for slot, part in self._by_slot(chunks, lambda c: c[0].slot).items():
             self.runner.prefill(self.runner.slots[slot], part)
         if not order:
             return []
@@ -129,17 +129,33 @@ class TorchEngine(Engine):
         return self._advance(order, sampled)
 
     def _advance(self, order: list[Seq], sampled: list[list[float]]) -> list[Completion]:
-        done = []
+        """Append each sampled token (the decode wrote the KV of the token each row fed). A hot loop:
+        seal only where a block filled, finish the done ones at once."""
+        bs, max_len, versions = self.block_size, self.max_seq_len, [slot.version for slot in self.runner.slots]
+        finished, done = [], []
         for seq, (token, logprob) in zip(order, sampled):
-            seq.computed += 1                     # the decode wrote the KV of the token it fed
-            seq.append(int(token), logprob, self.runner.slots[seq.slot].version)
-            self.sched.seal(seq)
-            reason = seq.finish_reason(self.max_seq_len)
-            if reason is not None:
-                self.sched.finish(seq)
-                done.append(seq.completion(reason))
+            token = int(token)
+            seq.computed += 1
+            seq.response.append(token)
+            seq.logprobs.append(logprob)
+            seq.versions.append(versions[seq.slot])
+            seq.tokens.append(token)
+            if seq.computed % bs == 0:
+                self.sched.seal(seq)
+            if token in seq.stops or len(seq.response) >= seq.req.max_tokens or len(seq.tokens) >= max_len:
+                finished.append(seq)
+                done.append(seq.completion(seq.finish_reason(max_len)))
+        self.sched.finish(finished)
         self.generated_tokens += len(order)
         return done
+
+    def _by_slot(self, items: list, slot_of) -> dict[int, list]:
+        if len(self.runner.slots) == 1:
+            return {0: items} if items else {}
+        groups: dict[int, list] = {}
+        for item in items:
+            groups.setdefault(slot_of(item), []).append(item)
+        return groups
 
     # ------------------------------------------------------------------ requests out
     def abort(self, uid: str) -> Completion | None:
@@ -257,13 +273,6 @@ class TorchEngine(Engine):
             generated_tokens=self.generated_tokens, prefill_tokens=s.prefill_tokens, prefix_hit_tokens=s.prefix_hit_tokens,
             kv_blocks_used=pool.used_count, kv_blocks_free=self.budget - pool.used_count, parked_requests=len(s.parked),
             parked_blocks=s.parked_blocks(), parked_dropped=s.parked_dropped, preempted=s.preempted)
-
-
-def _by_slot(items: list, slot_of) -> dict:
-    groups: dict = {}
-    for item in items:
-        groups.setdefault(slot_of(item), []).append(item)
-    return groups
 
 
 def _default_eos(model: torch.nn.Module) -> list[int]:

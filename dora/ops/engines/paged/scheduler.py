@@ -156,10 +156,10 @@ class Scheduler:
 
     # ------------------------------------------------------------ decode
     def reserve_decode(self) -> None:
-        i = 0
+        bs, i = self.bs, 0
         while i < len(self.running):
             seq = self.running[i]
-            if len(seq.blocks) * self.bs > seq.context:
+            if len(seq.blocks) * bs >= len(seq.tokens):     # the block of position `context` exists
                 i += 1
             elif self.make_room(1):
                 seq.blocks += self.pool.take(1)
@@ -175,13 +175,20 @@ class Scheduler:
         self.preempted += 1
 
     # ------------------------------------------------------------ leaving
-    def finish(self, seq: Seq) -> None:
-        self.running.remove(seq)
-        if seq.req.keep_kv:
-            seq.kv_version = self.version_of(seq.slot)
-            self.parked[seq.uid] = seq
-        else:
-            self._drop_blocks(seq)
+    def finish(self, seqs: list[Seq]) -> None:
+        if not seqs:
+            return
+        gone = set(map(id, seqs))
+        self.running = [s for s in self.running if id(s) not in gone]
+        for seq in seqs:
+            if seq.req.keep_kv:
+                old = self.parked.pop(seq.uid, None)   # (a uid parked before: its KV is superseded)
+                if old is not None:
+                    self.pool.release(old.blocks)
+                seq.kv_version = self.version_of(seq.slot)
+                self.parked[seq.uid] = seq
+            else:
+                self._drop_blocks(seq)
 
     def remove(self, seq: Seq) -> None:
         """Take an in-flight request out (abort, export), releasing what it holds."""

@@ -50,12 +50,6 @@ class Seq:
         """Blocks covering every token, the last included (its KV is written by the next decode)."""
         return -(-len(self.tokens) // block_size)
 
-    def append(self, token: int, logprob: float, version: int) -> None:
-        self.response.append(token)
-        self.logprobs.append(logprob)
-        self.versions.append(version)
-        self.tokens.append(token)
-
     def finish_reason(self, max_seq_len: int) -> str | None:
         if self.response and self.response[-1] in self.stops:
             return "stop"
