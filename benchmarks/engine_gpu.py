@@ -295,7 +295,7 @@ def print_table(res: dict, args) -> None:
                        ("sleep_s", "sleep s"), ("wake_s", "wake s"), ("recapture_s", "first step after wake s")):
         rows.append((label, f"{life[key]:.3f}" if key in life else "-", "", "", "", ""))
     for key, label in (("sleep_bytes", "sleep: bytes released"), ("reserved_freed", "sleep: memory_reserved freed")):
-        rows.append((label, f"{life[key] / 2 ** 30:.2f} GiB" if key in life else "-", "", "", "", ""))
+        rows.append((label, f"{life[key] / 2 ** 20:,.1f} MiB" if key in life else "-", "", "", "", ""))
     widths = [max(len(str(r[i])) for r in rows) for i in range(6)]
     for r in rows:
         print("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
@@ -313,7 +313,7 @@ def main() -> None:
     ap.add_argument("--dtype", default=None, help="bfloat16 on cuda, float32 on cpu")
     ap.add_argument("--cap", type=float, default=None, help="seconds a measured run may take (cuda 45, cpu 20)")
     ap.add_argument("--timeout", type=float, default=None, help="seconds a section's process may take (cuda 120, cpu 90)")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads on cpu")
     ap.add_argument("--only", default=None, help=f"comma-separated sections of {SECTIONS}")
     ap.add_argument("--json", default=None)
     ap.add_argument("--section", default=None, help=argparse.SUPPRESS)
