@@ -86,3 +86,16 @@ def test_parked_requests_hold_no_decode_slot_and_sleep_drops_them(model):
         _turn(eng, f"p{i}", [5 + i, 6, 7], keep_kv=True, max_tokens=3)
     assert eng.stats().parked_requests == 3 and eng.stats().active == 0 and not eng.has_work()
     assert eng.sleep() > 0 and eng.stats().parked_dropped == 3
+
+
+def test_a_continuation_after_a_new_version_is_prefilled_under_it(model):
+    eng = TorchEngine(model, max_batch=2, eos_ids=[])
+    first = _turn(eng, "a", [5, 6, 7, 8, 9] * 4, keep_kv=True)
+    new = tiny_llama(seed=4)
+    eng.load_weights(1, new.state_dict())                 # parked KV was computed by version 0
+    before = eng.stats().prefill_tokens
+    prompt = first.prompt_ids + first.response_ids + [12, 13]
+    c = _turn(eng, "b", prompt, continues="a", temperature=1.0)
+    assert eng.stats().prefill_tokens - before == len(prompt) - 1 and c.token_versions == [1] * 8
+    ref = teacher_forced_logprobs(new, prompt, c.response_ids, 1.0)
+    assert (ref - torch.tensor(c.logprobs)).abs().max().item() < 1e-4

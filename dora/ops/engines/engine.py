@@ -108,7 +108,8 @@ class EngineStats:
 
 
 class Engine(abc.ABC):
-    """One generation engine holding one policy version at a time."""
+    """One generation engine holding one policy version at a time (the torch engine: up to
+    max_versions, each request running on its own)."""
 
     version: int
 
@@ -138,7 +139,8 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def load_weights(self, version: int, weights: dict[str, torch.Tensor] | str) -> None:
-        """Switch to `version` (a state dict or a safetensors path). Only when idle."""
+        """Switch to `version` (a state dict or a safetensors path). Only when idle (an engine with
+        several weight slots: into a slot none of whose requests is in flight)."""
 
     @abc.abstractmethod
     def stats(self) -> EngineStats: ...
