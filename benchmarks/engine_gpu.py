@@ -10,6 +10,9 @@ hang in one still prints the others; each measured run also stops itself at --ca
 then reports the tokens it made by then (marked "capped").
 
 Sections (one table at the end):
+- a correctness check first: a small float32 model through the paged engine as configured on the
+  device (CUDA graphs with batch padding, the Triton kernel, chunked prefill, a shared prompt),
+  then again after sleep / wake / load (graphs captured anew); the worst |logprob - transformers|;
 - nano-vLLM's shape: 256 requests, prompt and output lengths uniform in 100..1024, no EOS;
 - GRPO's shape: 64 prompts x 8 samples (prompts uniform in 100..512), long-tailed outputs (1 in 8
   at 1024 tokens, the rest exponential with mean 128, at least 16);
@@ -36,8 +39,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # run from a checkout without installing
 
-SECTIONS = ["paged-nano", "paged-grpo", "paged-decode", "paged-lifecycle", "eager-nano", "eager-grpo", "eager-decode",
-            "hf-nano", "hf-grpo"]
+SECTIONS = ["paged-check", "paged-nano", "paged-grpo", "paged-decode", "paged-lifecycle", "eager-nano", "eager-grpo",
+            "eager-decode", "hf-nano", "hf-grpo"]
 SHAPES = {   # (model, nano requests and length range, grpo prompts x samples and prompt range, max output, decode batches)
     "cuda": dict(model=dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
                             num_key_value_heads=4, vocab_size=32000), max_seq_len=2048, nano=(256, 100, 1024),
@@ -237,6 +240,45 @@ def section_lifecycle(args) -> dict:
     return out
 
 
+def section_check(args) -> dict:
+    """Worst |logprob - a transformers forward| of the paged engine in float32, before and after sleep/wake."""
+    import torch
+    from dora.ops.engines.engine import SamplingRequest
+    from dora.ops.engines.torch_engine import TorchEngine
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
+                      num_key_value_heads=2, vocab_size=1000, max_position_embeddings=512, eos_token_id=None)
+    with torch.device(args.device):
+        model = LlamaForCausalLM(cfg).float().eval()
+    eng = TorchEngine(model, max_batch=16, eos_ids=[], max_prefill_tokens=64, max_seq_len=512)
+    rnd = random.Random(5)
+    shared = [rnd.randrange(3, 1000) for _ in range(40)]
+    prompts = [shared] * 6 + [[rnd.randrange(3, 1000) for _ in range(rnd.randint(2, 150))] for _ in range(5)]
+
+    def worst() -> float:
+        for i, p in enumerate(prompts):
+            eng.submit(SamplingRequest(f"c{i}", p, eng.version, max_tokens=20 + i, temperature=1.0))
+        out, err = {}, 0.0
+        while eng.has_work():
+            out.update({c.uid: c for c in eng.step()})
+        for c in out.values():
+            ids = torch.tensor([c.prompt_ids + c.response_ids], device=args.device)
+            with torch.no_grad():
+                logits = model(ids).logits[0, len(c.prompt_ids) - 1:-1].float()
+            ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(c.response_ids, device=args.device)[:, None])
+            err = max(err, (ref[:, 0].cpu() - torch.tensor(c.logprobs)).abs().max().item())
+        return err
+
+    before = worst()
+    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    eng.sleep()
+    eng.wake()
+    eng.load_weights(1, weights)
+    return {"logprob_err": before, "logprob_err_after_wake": worst(), "prefix_hit_tokens": eng.stats().prefix_hit_tokens}
+
+
 def run_section(args, name: str) -> dict:
     import torch
 
@@ -244,6 +286,8 @@ def run_section(args, name: str) -> dict:
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
     kind, what = name.split("-")
+    if what == "check":
+        return section_check(args)
     if what in ("nano", "grpo"):
         return section_shape(args, kind, what)
     if what == "decode":
@@ -281,6 +325,10 @@ def print_table(res: dict, args) -> None:
         return f"{a['tok_s'] / b['tok_s']:.1f}x" if ok else "-"
 
     rows = [("measure", "paged", "eager", "HF generate", "paged/eager", "paged/HF")]
+    check = res.get("paged-check") or {}
+    for key, label in (("logprob_err", "check: max |logprob - HF|, fp32"),
+                       ("logprob_err_after_wake", "check: the same after sleep/wake")):
+        rows.append((label, f"{check[key]:.1e}" if key in check else "-", "", "", "", ""))
     for shape in ("nano", "grpo"):
         p, e, h = (res.get(f"{k}-{shape}") for k in ("paged", "eager", "hf"))
         rows.append((f"{shape} shape: output tok/s", _tok(p), _tok(e), _tok(h), ratio(p, e), ratio(p, h)))
@@ -311,7 +359,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--dtype", default=None, help="bfloat16 on cuda, float32 on cpu")
-    ap.add_argument("--cap", type=float, default=None, help="seconds a measured run may take (cuda 45, cpu 20)")
+    ap.add_argument("--cap", type=float, default=None, help="seconds a measured run may take (cuda 35, cpu 20)")
     ap.add_argument("--timeout", type=float, default=None, help="seconds a section's process may take (cuda 120, cpu 90)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads on cpu")
     ap.add_argument("--only", default=None, help=f"comma-separated sections of {SECTIONS}")
@@ -319,7 +367,7 @@ def main() -> None:
     ap.add_argument("--section", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     a.dtype = a.dtype or ("bfloat16" if a.device == "cuda" else "float32")
-    a.cap = a.cap or (45.0 if a.device == "cuda" else 20.0)
+    a.cap = a.cap or (35.0 if a.device == "cuda" else 20.0)
     a.timeout = a.timeout or (120.0 if a.device == "cuda" else 90.0)
     if a.section:
         print("RESULT " + json.dumps(run_section(a, a.section)), flush=True)
