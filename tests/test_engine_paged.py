@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from dora.ops.engines.engine import SamplingRequest
-from dora.ops.engines.paged.spec import engine_problem
+from dora.ops.engines.paged.model_spec import engine_problem
 from dora.ops.engines.torch_engine import TorchEngine
 from engine_helpers import drain, teacher_forced_logprobs, tiny_llama
 

@@ -13,16 +13,16 @@ from __future__ import annotations
 import torch
 
 from .engine import Completion, Engine, EngineStats, SamplingRequest, SequenceState
-from .paged import weights as W
+from .paged import hf_weights as W
 from .paged.blocks import BlockPool
 from .paged.checks import check_kv, check_request
+from .paged.kv_budget import budget_blocks, initial_blocks
 from .paged.kv_cache import KVCache
-from .paged.memory import budget_blocks, initial_blocks
+from .paged.model_spec import spec_of
 from .paged.runner import ModelRunner
 from .paged.scheduler import Scheduler
 from .paged.sequence import Seq
-from .paged.spec import spec_of
-from .paged.versions import route, slot_to_load
+from .paged.weight_slots import route, slot_to_load
 from .sampling import SamplePlan, sample, sampling_tensors
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -1,7 +1,7 @@
 """Attention over the paged KV cache.
 
 The cache of one layer is `[slots, kv_heads, head_dim]` (slot = block * block_size + offset).
-Each layer first writes the new tokens' keys and values at their slots (model.py), then attends
+Each layer first writes the new tokens' keys and values at their slots (decoder.py), then attends
 with one of two metas:
 - DecodeMeta: every query row attends to the first `context_lens[row]` keys of its block table.
   A decode step has one row per sequence; with the Triton kernel (CUDA) a prefill chunk is the

@@ -5,7 +5,7 @@ model's shape covering at most the tokens before the last."""
 from __future__ import annotations
 
 from ..engine import SequenceState
-from .spec import ModelSpec
+from .model_spec import ModelSpec
 
 
 def check_request(uid: str, prompt: list[int], more: int, *, in_flight: bool, vocab: int, max_seq_len: int) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .spec import ModelSpec
+from .model_spec import ModelSpec
 
 
 def slots_of(blocks: list[int], start: int, end: int, block_size: int) -> np.ndarray:

@@ -13,13 +13,13 @@ import dataclasses
 import numpy as np
 import torch
 
-from .batch import META_COLS, decode_meta, decode_width, fill_decode_rows, prefill_inputs
-from .graphs import DecodeGraphs
+from . import hf_weights as W
+from .cuda_graphs import DecodeGraphs
+from .decoder import PagedLM, rope_tables
 from .kv_cache import KVCache
-from .model import PagedLM, rope_tables
+from .model_spec import ModelSpec
 from .sequence import Seq
-from .spec import ModelSpec
-from . import weights as W
+from .step_inputs import META_COLS, decode_meta, decode_width, fill_decode_rows, prefill_inputs
 
 MAX_SPLITS = 16   # context partitions of the decode kernel at small batch sizes
 

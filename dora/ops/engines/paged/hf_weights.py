@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .model import PagedLM
-from .spec import ModelSpec
+from .decoder import PagedLM
+from .model_spec import ModelSpec
 
 Rows = tuple[int, int] | None
 

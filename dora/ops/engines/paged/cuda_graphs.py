@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .batch import META_COLS
+from .step_inputs import META_COLS
 
 WARMUP_RUNS = 2
 

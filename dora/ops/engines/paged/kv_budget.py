@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .kv_cache import bytes_per_block
-from .spec import ModelSpec
+from .model_spec import ModelSpec
 
 GiB = 2 ** 30
 

@@ -2,7 +2,7 @@
 row, their positions explicit, KV read and written through the paged cache (attention.py).
 
 Projections are fused (q|k|v in one matrix, gate|up in another: fewer, larger kernels) and the
-parameters are plain tensors that weights.py fills in place from a transformers state dict, so a
+parameters are plain tensors that hf_weights.py fills in place from a transformers state dict, so a
 captured CUDA graph stays valid across weight loads. The arithmetic follows transformers'
 LlamaForCausalLM / Qwen2ForCausalLM step for step (RMSNorm in float32, rotate-half rotary
 embeddings, residual adds in the model dtype), so logprobs match a transformers forward.
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .spec import ModelSpec
+from .model_spec import ModelSpec
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
