@@ -48,14 +48,16 @@ def test_sleep_releases_weights_and_kv_and_wake_then_load_generates_the_same(tie
     with pytest.raises(RuntimeError, match="export them first"):
         eng.sleep()
     eng.export(["busy"])
-    held = sum(p.numel() * p.element_size() for p in eng.model.parameters())
-    assert eng.sleep() == held > 0
-    assert all(p.numel() == 0 for p in eng.model.parameters()) and eng.batch is None
+    weights_bytes = sum(v.numel() * v.element_size() for k, v in weights.items() if not (tied and k == "lm_head.weight"))
+    assert eng.weight_bytes() == weights_bytes
+    kv_bytes = eng.runner.kv.nbytes
+    assert eng.sleep() == weights_bytes + kv_bytes and kv_bytes > 0
+    assert eng.weight_bytes() == 0 and eng.runner.kv.nbytes == 0
     with pytest.raises(RuntimeError, match="asleep"):
         eng.submit(SamplingRequest("x", [3], 0))
     with pytest.raises(RuntimeError, match="asleep"):
         eng.load_weights(1, weights)
-    assert eng.wake() == held
+    assert eng.wake() == weights_bytes + eng.runner.kv.nbytes and eng.weight_bytes() == weights_bytes
     with pytest.raises(RuntimeError, match="without weights"):
         eng.submit(SamplingRequest("x", [3], 0))
     eng.load_weights(0, weights)

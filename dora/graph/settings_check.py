@@ -12,6 +12,8 @@ from dora.graph.model import Graph
 from dora.graph.opspec import OpSpec, fill_params, import_object, param_problems
 from dora.graph.sections import ModeError, resolve_async, section_specs
 
+TORCH_ENGINE_CHECK = "dora.ops.engines.paged:engine_problem"   # model -> why the torch engine cannot run it
+
 
 def nodes_with(specs: dict[str, OpSpec | None], op: str) -> list[str]:
     """The nodes whose op is `op` (a registry name), in graph order."""
@@ -53,6 +55,24 @@ def settings_problems(g: Graph, specs: dict[str, OpSpec | None]) -> list[Diagnos
     diags += _model_problems(g)
     diags += _broadcast_problems(g, specs, params)
     diags += _elastic_problems(g, specs, params)
+    diags += _engine_problems(g, specs, params)
+    return diags
+
+
+def _engine_problems(g: Graph, specs: dict[str, OpSpec | None], params: dict[str, dict[str, Any]]) -> list[Diagnostic]:
+    """A generate node's engine must be able to run the pipeline's model (architecture, head sizes)."""
+    if not isinstance(g.model, dict):
+        return []
+    problem = None
+    diags = []
+    for name in nodes_with(specs, "generate"):
+        if params.get(name, {}).get("engine") != "torch":
+            continue
+        if problem is None:
+            problem = import_object(TORCH_ENGINE_CHECK)(g.model) or ""
+        if problem:
+            diags.append(error(f"engine torch cannot run this model: {problem}", g.loc_of(f"nodes.{name}.params.engine"),
+                               node=name, hint="use a llama or qwen2 model the engine supports, or engine: vllm"))
     return diags
 
 
