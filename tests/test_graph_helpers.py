@@ -84,7 +84,8 @@ def graphs(draw) -> Graph:
         keys = draw(st.lists(st.sampled_from(sorted(spec.params)), max_size=4, unique=True))
         params = {k: draw(value_for(spec.params[k])) for k in keys}
         node = Node(n, spec.name, params, draw(st.one_of(st.none(), st.sampled_from(pool_names))) if pool_names else None,
-                    draw(st.integers(1, 4)), devices=draw(st.integers(1, 3)))
+                    draw(st.integers(1, 4)), devices=draw(st.integers(1, 3)),
+                    memory=draw(st.one_of(st.none(), st.floats(0.01, 1.0))))
         for port in spec.inputs:
             if i == 0:
                 break

@@ -132,12 +132,13 @@ class Pipeline:
         return self.graph.async_
 
     def node(self, name: str, op: str, *, pool: str | None = None, replicas: int = 1, devices: int = 1,
-             params: dict[str, Any] | None = None, **kw_params: Any) -> NodeRef:
-        """Add a node; params come as `params=` and/or keyword arguments. `devices` is per replica."""
+             memory: float | None = None, params: dict[str, Any] | None = None, **kw_params: Any) -> NodeRef:
+        """Add a node; params come as `params=` and/or keyword arguments. `devices` is per replica;
+        `memory` the fraction of each of its devices' memory a replica holds (sharing a pool's devices)."""
         if name in self.graph.nodes:
             raise ValueError(f"node {name!r} already exists")
         self.graph.nodes[name] = Node(name=name, op=op, params=_plain({**(params or {}), **kw_params}), pool=pool,
-                                      replicas=replicas, devices=devices)
+                                      replicas=replicas, devices=devices, memory=memory)
         return NodeRef(self, name)
 
     def connect(self, src: str, src_port: str, dst: str, dst_port: str, **options: Any) -> Edge:

@@ -75,6 +75,9 @@ class Node:
     # Devices each replica holds (a tensor-parallel group for generate on vllm). For a sharded op
     # (update, critic, reference) `replicas` is the rank count of ONE process group, one device per rank.
     devices: int = 1
+    # The fraction of each of its devices' memory one replica holds (0 < memory <= 1; None: the whole
+    # device). Nodes of one pool that all declare it may share its devices (dora/graph/device_shares.py).
+    memory: float | None = None
     loc: SourceLoc = dataclasses.field(default_factory=SourceLoc, compare=False)
 
 

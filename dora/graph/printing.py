@@ -1,6 +1,6 @@
 """`print(graph)`: a graph in a few aligned lines, as torch.fx prints its graphs.
 
-One line per pool, one per node (name = op(inputs), replicas and devices, pool; non-default edge options in
+One line per pool, one per node (name = op(inputs), replicas, devices and memory share, pool; non-default edge options in
 brackets), one per weights edge, then the async and run sections. Text only: the YAML stays the
 round-trip format (dora.graph.yaml_io). It reads the model's objects (dora.graph.model, whose
 Graph.__str__ calls format_graph) without importing that module.
@@ -17,10 +17,15 @@ from dora.graph.sections import section_specs
 EDGE_OPTIONS = ("group_by", "routing", "capacity", "capacity_bytes")
 
 
+def share_text(memory: float) -> str:
+    """A memory share as a percentage: 0.45 -> "45%"."""
+    return f"{memory * 100:.4g}%"
+
+
 def scale_text(n: Any) -> str:
     """How many of a node run and on what: "x2", "x2, 4 devices each" (a TP group per replica),
-    "x4 ranks" (a sharded op: one process group of 4 ranks). Built-in ops only are looked up:
-    printing never imports a user op."""
+    "x4 ranks" (a sharded op: one process group of 4 ranks), ", memory 45%" (a declared share of each
+    device). Built-in ops only are looked up: printing never imports a user op."""
     spec = builtin_ops().get(n.op) if isinstance(n.op, str) else None
     if spec is not None and spec.sharded and n.replicas != 1:
         text = f"x{n.replicas} ranks"
@@ -28,6 +33,9 @@ def scale_text(n: Any) -> str:
         text = f"x{n.replicas}"
     if n.devices != 1:
         text += f", {n.devices} devices each"
+    memory = getattr(n, "memory", None)
+    if isinstance(memory, (int, float)) and not isinstance(memory, bool):
+        text += f", memory {share_text(memory)}"
     return text
 
 

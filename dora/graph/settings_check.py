@@ -13,6 +13,7 @@ from dora.graph.opspec import OpSpec, fill_params, import_object, param_problems
 from dora.graph.sections import ModeError, resolve_async, section_specs
 
 TORCH_ENGINE_CHECK = "dora.ops.engines.paged:engine_problem"   # model -> why the torch engine cannot run it
+ENGINES_THAT_SLEEP = ("torch",)   # generate engines that can hand their device's memory back (sleep / wake)
 
 
 def nodes_with(specs: dict[str, OpSpec | None], op: str) -> list[str]:
@@ -97,7 +98,7 @@ def _elastic_problems(g: Graph, specs: dict[str, OpSpec | None], params: dict[st
     if pool is not None and pool.device == "gpu" and up.replicas * up.devices < gen.devices:
         diags.append(error(f"async.elastic: {up.name!r} holds {up.replicas * up.devices} GPU(s), fewer than one "
                            f"{gen.name!r} replica needs ({gen.devices}): nothing to lend", at))
-    if params.get(gen.name, {}).get("engine") == "vllm":
+    if params.get(gen.name, {}).get("engine", "torch") not in ENGINES_THAT_SLEEP:
         diags.append(error(f"async.elastic needs a generate engine that can release its memory (sleep); engine vllm "
                            "cannot here (vLLM's sleep mode is CUDA/ROCm/XPU only, and dora's vllm engine does not "
                            "drive it)", g.loc_of(f"nodes.{gen.name}.params.engine"), node=gen.name,

@@ -12,6 +12,7 @@ from typing import Iterable
 
 import networkx as nx
 
+from dora.graph.device_shares import share_problems, shared_pools
 from dora.graph.diagnostics import Diagnostic, GraphError, error, errors_of, warning
 from dora.graph.model import ROUTINGS, Graph
 from dora.graph.op_registry import builtin_ops
@@ -38,6 +39,7 @@ def validate(g: Graph) -> list[Diagnostic]:
     specs, op_errors = resolve_all(g)
     _check_name(g, diags)
     _check_pools(g, specs, diags)
+    diags += share_problems(g)
     _check_nodes(g, specs, op_errors, diags)
     _check_inputs(g, specs, diags)
     on_cycle = _check_cycles(g, specs, diags)
@@ -82,16 +84,18 @@ def _check_pools(g: Graph, specs: dict[str, OpSpec | None], diags: list[Diagnost
             diags.append(error(f"pool {node.pool!r} is not defined", loc, node=n, hint=hint))
         elif _is_int(node.replicas) and _is_int(node.devices):
             used.setdefault(node.pool, []).append((n, node.replicas, node.devices))
+    shared = shared_pools(g)   # every node declares a memory share: devices shared (dora/graph/device_shares.py)
     for pool, users in used.items():
         count = g.pools[pool].count
         total = sum(r * d for _, r, d in users)
-        if _is_int(count) and total > count:
+        if _is_int(count) and total > count and pool not in shared:
             who = ", ".join(f"{n} ({r})" if d == 1 else f"{n} ({r} x {d} devices = {r * d})" for n, r, d in users)
             diags.append(error(
                 f"pool {pool!r} is oversubscribed: its nodes need {total} devices, replicas x devices ({who}), "
                 f"but it has count {count}",
                 g.loc_of(f"pools.{pool}"),
-                hint=f"raise pools.{pool}.count to {total} or lower the replicas or devices",
+                hint=f"raise pools.{pool}.count to {total} or lower the replicas or devices, or share its devices: "
+                     "a memory share on each of its nodes (memory: 0.45)",
             ))
 
 

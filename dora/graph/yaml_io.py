@@ -21,7 +21,7 @@ from dora.graph.opspec import did_you_mean
 from dora.graph.sections import section_specs
 
 TOP_KEYS = ("name", "description", "defaults", "model", "pools", "nodes", "weights", "async", "run")
-NODE_KEYS = ("op", "params", "pool", "replicas", "devices", "inputs")
+NODE_KEYS = ("op", "params", "pool", "replicas", "devices", "memory", "inputs")
 EDGE_KEYS = ("from", "group_by", "capacity", "capacity_bytes", "routing")
 POOL_KEYS = ("device", "count")
 WEIGHTS_KEYS = ("from", "to")
@@ -328,7 +328,7 @@ def graph_from_data(data: Any, locs: Locs, file: str | None) -> tuple[Graph | No
             diags.append(error("'params' must be a mapping", locs.get(f"{path}.params", loc), node=str(name)))
             params = {}
         node = Node(name=str(name), op=n["op"], params=params, pool=n.get("pool"), replicas=n.get("replicas", 1),
-                    devices=n.get("devices", 1), loc=loc)
+                    devices=n.get("devices", 1), memory=n.get("memory"), loc=loc)
         inputs = n.get("inputs") or {}
         if not isinstance(inputs, dict):
             diags.append(error("'inputs' must be a mapping of port -> NODE/PORT", locs.get(f"{path}.inputs", loc), node=str(name), hint="inputs: {prompts: prompts/out}"))
@@ -425,6 +425,8 @@ def graph_to_data(g: Graph) -> dict[str, Any]:
             nd["replicas"] = n.replicas
         if n.devices != 1:
             nd["devices"] = n.devices
+        if n.memory is not None:
+            nd["memory"] = n.memory
         if n.inputs:
             ins: dict[str, Any] = {}
             for port, e in n.inputs.items():

@@ -48,6 +48,10 @@ class OpContext:
     # A resumed run: this replica's part of the checkpoint it starts from (None: a fresh start).
     restore: dict[str, Any] | None = None
     devices: int = 1               # devices this replica holds (generate on vllm: its tensor-parallel size)
+    # The node's declared share of each of its devices' memory (0 < memory <= 1), when it shares them
+    # with other nodes (dora/graph/device_shares.py); None: the whole device. On CUDA the worker caps
+    # torch's allocator at it before setup; the torch engine sizes its KV pool from it.
+    memory: float | None = None
     # A sharded op with replicas > 1 (update, critic, reference): replica = rank, replicas = ranks of
     # one process group. Rank 0 gets {"host", "port": 0}, binds a port there and reports
     # {"kind": "rendezvous", "host", "port"}; the other ranks get that address. None: one rank.

@@ -11,8 +11,9 @@ Control methods (the rollout orchestrator drives these through the controller):
     import_(state, buffers)       resume states exported by a replica (KV reused at the same version)
     interrupt_all() -> states     export everything (partial rollout before a version switch)
     abort(uids) -> {"aborted": [...]}, stats() -> dict
-    sleep() / wake()              async.elastic: hand the device's memory back (KV and weights) to
-                                  the trainer sharing it / take it again (load_version follows)
+    sleep() / wake()              hand the device's memory back (KV and weights) to the trainer
+                                  (async.elastic; a device shared in sync mode) / take it again
+                                  (load_version follows)
 A replica with index >= the node's replica count is an elastic spare placed on the trainer's
 devices (dora/runtime/placement.py): it starts asleep and never receives broadcasts (it loads the
 version's file when lent).
@@ -54,7 +55,8 @@ class GenerateOp(Operator):
         # weights from the run seed (identical to the trainer's start); sampling differs per replica
         self.engine, self.tokenizer = make_engine(p, ctx.model, device=ctx.device, model_seed=ctx.seed,
                                                   sample_seed=ctx.seed * 1000 + ctx.replica + 1,
-                                                  run_dir=ctx.run_dir, label=ctx.label, devices=ctx.devices)
+                                                  run_dir=ctx.run_dir, label=ctx.label, devices=ctx.devices,
+                                                  memory=ctx.memory)
         self.stop_ids = stop_token_ids(p["stop"], self.tokenizer, ctx.label)
         self.sampling = {k: p[k] for k in ("temperature", "top_p", "top_k", "max_tokens")}
         self.in_fields: dict[str, pa.Field] = {}   # pass-through columns seen so far, in order
@@ -241,17 +243,18 @@ def stop_token_ids(stop: list[str], tokenizer, label: str) -> list[int]:
 
 def make_engine(params: dict[str, Any], model_cfg: dict[str, Any], *, device: str = "cpu", model_seed: int = 0,
                 sample_seed: int = 0, run_dir: str | None = None, label: str = "generate",
-                devices: int = 1) -> tuple[Engine, Any]:
+                devices: int = 1, memory: float | None = None) -> tuple[Engine, Any]:
     """(engine, tokenizer) for the generate op's params and the pipeline's model section; `devices` > 1
-    is a tensor-parallel group (vllm only: validation refuses it for the torch engine)."""
+    is a tensor-parallel group (vllm only: validation refuses it for the torch engine); `memory` the
+    replica's declared share of its device, which sizes the engine's KV pool."""
     from dora.ops.models import load_policy
 
     if params["engine"] == "vllm":
         from dora.ops.engines.vllm_engine import VllmEngine
         return VllmEngine.from_model_cfg(model_cfg, max_batch=params["max_batch"], model_seed=model_seed,
                                          sample_seed=sample_seed, run_dir=run_dir, label=label,
-                                         tensor_parallel_size=devices, dtype=params["dtype"])
+                                         tensor_parallel_size=devices, dtype=params["dtype"], memory_share=memory)
     from dora.ops.engines.torch_engine import TorchEngine
     model, tok = load_policy(model_cfg, "cpu", seed=model_seed)   # the engine copies the weights onto `device`
     return TorchEngine(model, version=0, max_batch=params["max_batch"], seed=sample_seed, device=device,
-                       dtype=params["dtype"], kv_cache_gb=params["kv_cache_gb"]), tok
+                       dtype=params["dtype"], kv_cache_gb=params["kv_cache_gb"], memory_fraction=memory), tok

@@ -13,7 +13,9 @@ export, import_, interrupt_all, stats). Events from the ops close the loop: `fin
 -> on_finished, `train_step` -> on_trained + a metrics line, `weights` -> on_published.
 With `async.elastic`, spare generate replicas on the trainer's devices serve rollout while the
 trainer waits (dora/rl/elastic_lending.py): lent when the trainer idles, reclaimed before a
-batch is taken for it. Checkpoints and resume: dora/rl/run_state.py.
+batch is taken for it. Generate replicas that share a device with the trainer by declared memory
+shares sleep while it steps in a mode with K = 0 (dora/rl/shared_devices.py).
+Checkpoints and resume: dora/rl/run_state.py.
 The same RolloutController runs in the simulator on a virtual clock (dora/sim).
 """
 
@@ -31,6 +33,8 @@ from dora.rl.elastic_lending import ElasticLending
 from dora.rl.prompt_feed import PromptFeed
 from dora.rl.replica_instance import CALL_TIMEOUT_S, ReplicaInstance
 from dora.rl.roles import RLRoles
+from dora.rl.replica_loss import held_by_lost
+from dora.rl.shared_devices import SharedDevices, shared_devices
 from dora.rl.rollout import Finished, RolloutConfig, RolloutController
 from dora.rl.step_record import add_trainer_metrics, step_record
 from dora.rl.trainer_feed import TrainerFeed
@@ -80,6 +84,7 @@ class RLDriver:
         self.resolved_ops = {n: resolved.op_of(n) for n in self.graph.nodes}
         self.respawns = 0
         self.elastic: ElasticLending | None = None   # async.elastic: set up with the rollout controller
+        self.shared: SharedDevices | None = None     # replicas on the trainer's devices that sleep while it steps
 
     # ------------------------------------------------------------ controller hooks
     def attach(self, ctrl) -> None:
@@ -165,18 +170,7 @@ class RLDriver:
         once it is up): reissue what the dead one held, whole groups, onto live replicas."""
         self.progress.status(f"{node}[{replica}] lost ({why.splitlines()[0][:120]}); respawned, its work reissued")
         self.respawns += 1
-        rc = self._rc()
-        if node == self.roles.generate and self.elastic is not None and self.elastic.owns(replica):
-            gids, revoked = self.elastic.replaced(replica)
-        elif node == self.roles.generate:
-            name = f"{node}[{replica}]"
-            rc.manager.instances[name].version = 0   # the new process holds the seeded initial weights
-            gids, revoked = rc.instance_replaced(name)
-        else:   # rows in its hands (or queued to it) are gone: every group not wholly scored goes again
-            sent = set(self.feed.sent["uids"]) if self.feed.sent else set()
-            gids = [g for g, uids in self.prompts.open_groups.items()
-                    if not all(u in self.feed.scored for u in uids) and uids[0] not in sent]
-            revoked = rc.on_dropped([self.prompts.open_groups[g][0] for g in gids], reason="replica_lost")
+        gids, revoked = held_by_lost(self, node, replica)
         if revoked:
             self.feed.pending = None
         self.reissue(gids)
@@ -221,7 +215,9 @@ class RLDriver:
             spares = [r.replica for r in self.ctrl.plan.of(gen.name) if r.spare]
             if spares:
                 self.elastic = ElasticLending(self, [ReplicaInstance(self, gen.name, r, slots) for r in spares])
+            self.shared = shared_devices(self, instances)
         return self.rc
+
 
     def _on_finished(self, node: str, replica: int, ev: dict[str, Any]) -> None:
         n = len(ev["uids"])
@@ -243,6 +239,8 @@ class RLDriver:
             self.snapshot = run_state.capture(self, version)   # before any request of this version exists
         if self.elastic is not None:
             self.elastic.publish(version)
+        elif self.shared is not None:
+            self.shared.publish(version)
         else:
             self._rc().on_published(version)
 
@@ -264,6 +262,8 @@ class RLDriver:
             return
         batch = feed.complete_batch()
         if batch is not None:
+            if self.shared is not None:
+                self.shared.before_step()   # the trainer's devices are its own while it steps
             self.ctrl.send(self.roles.update, 0, "batch", batch, timeout=CALL_TIMEOUT_S)
 
     def _on_train_step(self, ev: dict[str, Any]) -> None:
@@ -280,7 +280,8 @@ class RLDriver:
                     "reissued_requests": self.prompts.reissued_requests}
         rec = step_record(step=step, version=version, sent=sent, sm=sm, ev=ev, wall_s=now, counters=counters,
                           weight_sync=self.weight_sync.get(version, (None, None)),
-                          extra=self.elastic.step_metrics() if self.elastic is not None else {})
+                          extra={**(self.elastic.step_metrics() if self.elastic is not None else {}),
+                                 **(self.shared.step_metrics() if self.shared is not None else {})})
         add_trainer_metrics(rec, ev.get("metrics") or {})
         self.metrics.write(rec)
         self.progress.step(rec)

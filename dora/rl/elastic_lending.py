@@ -121,9 +121,7 @@ class ElasticLending:
             clock = d.clock
             t0 = clock.now()
             for s in self.spares:
-                w0 = clock.now()
-                got = s._call("wake", {}) or {}
-                d.trace.span("rollout", s.name, "wake", w0, clock.now(), bytes=got.get("bytes"))
+                s.wake()
             if publish is None:
                 rc.lend(self.spares)    # loads the newest version on each (ReplicaInstance.load_version)
             else:
@@ -152,9 +150,7 @@ class ElasticLending:
             moved = rc.reclaim()
             released = 0
             for s in self.spares:
-                got = s._call("sleep", {}) or {}
-                released += int(got.get("bytes") or 0)
-                s.version = None
+                released += s.sleep()
                 s._call("resume", {})
             now = clock.now()
             reqs, kv = sum(x for x, _ in moved.values()), sum(y for _, y in moved.values())
@@ -181,7 +177,7 @@ class ElasticLending:
         inst.version = None
         if not self.lent or inst.name not in self.d.rc.manager.instances:
             return [], []               # home: nothing was on it
-        inst._call("wake", {})         # (None if it died again: the next respawn comes back here)
+        inst.wake()                    # (nothing if it died again: the next respawn comes back here)
         self.d.rc.manager.versions_changed()
         return self.d.rc.instance_replaced(inst.name)   # drops its groups, loads the newest before any dispatch
 

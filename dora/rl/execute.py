@@ -222,6 +222,8 @@ def _summary(run: _Run, graph, run_dir: str, *, backend: str, seed: int, source:
             summary["weight_loads"] = driver.weight_loads
             if driver.elastic is not None:   # lends, hand-back seconds, requests and KV bytes moved
                 summary["elastic"] = driver.elastic.summary()
+            if driver.shared is not None:    # sleeps before each step, wakes at each publish, bytes handed back
+                summary["shared_devices"] = driver.shared.summary()
             summary["checkpoints"] = driver.checkpoint_log
             driver.trace.write(os.path.join(run_dir, "trace.json"))
         else:

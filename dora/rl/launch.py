@@ -125,6 +125,11 @@ def run_main(argv: list[str] | None = None) -> int:
         print(f"dora run: {args.pipeline}: async.elastic runs on the local backend only (its spares share the "
               "trainer's devices; Ray would give them their own)", file=sys.stderr)
         return 2
+    if args.backend == "ray" and plan.shared:
+        # a Ray placement group per replica: replicas declared to share a device would get one each
+        print(f"dora run: {args.pipeline}: devices shared by memory shares run on the local backend only (Ray "
+              "would give each replica devices of its own)", file=sys.stderr)
+        return 2
     if args.dry_run:
         print(format_plan(plan, args.backend, machine))
         return 0

@@ -43,6 +43,24 @@ class ReplicaInstance:
         self.driver.weight_loads += 1
         self.version = v
 
+    def sleep(self) -> int:
+        """Hand the device's memory back (the engine's KV and weights; nothing may be in flight here):
+        it then holds no version. Bytes released."""
+        clock = self.driver.clock
+        t0 = clock.now()
+        got = self._call("sleep", {}) or {}
+        self.version = None
+        self.driver.trace.span("rollout", self.name, "sleep", t0, clock.now(), bytes=got.get("bytes"))
+        return int(got.get("bytes") or 0)
+
+    def wake(self) -> int:
+        """Take the device's memory again; a load_version must follow before any request. Bytes allocated."""
+        clock = self.driver.clock
+        t0 = clock.now()
+        got = self._call("wake", {}) or {}
+        self.driver.trace.span("rollout", self.name, "wake", t0, clock.now(), bytes=got.get("bytes"))
+        return int(got.get("bytes") or 0)
+
     def submit(self, reqs: list[Request]) -> None:
         if not reqs:
             return

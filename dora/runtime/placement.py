@@ -3,11 +3,14 @@ and an inventory of devices, so `dora run --dry-run` plans GPU pools on a machin
 
 A pool is `count` devices of one kind. gpu pools take consecutive GPUs of the inventory in
 declaration order (pools never share a GPU); inside a pool, nodes take consecutive slot ranges in
-data-flow order and replica r of a node holding `devices` devices gets the next `devices` slots.
-So {device: gpu, count: 8} with a node of replicas 2, devices 4 gives CUDA_VISIBLE_DEVICES
-"0,1,2,3" and "4,5,6,7". Validation guarantees a declared pool holds replicas x devices of all its
-nodes; an oversubscribed pool (the implicit cpu pool "default" of nodes without a pool, one slot per
-core, or a graph that was not validated) wraps around and time-shares slots.
+data-flow order and replica r of a node holding `devices` devices gets the next `devices` slots
+(dora.graph.device_shares.assign_slots, which validation uses too). So {device: gpu, count: 8} with
+a node of replicas 2, devices 4 gives CUDA_VISIBLE_DEVICES "0,1,2,3" and "4,5,6,7". Validation
+guarantees a declared pool holds replicas x devices of all its nodes, unless every node in it
+declares a memory share: then the slots wrap around and a device holds several replicas, each
+with its share (`ReplicaPlacement.memory`; `Plan.sharing` says who shares with whom), the shares
+on one device at most 100%. The implicit cpu pool "default" of nodes without a pool (one slot per
+core) also wraps around and time-shares slots, with no shares.
 
 Per replica: gpu -> CUDA_VISIBLE_DEVICES=<its GPUs>, torch device "cuda:0" (a TP engine sees all
 of them); cpu -> CUDA_VISIBLE_DEVICES="" and threads = devices x (slots / devices used in the pool),
@@ -29,7 +32,9 @@ import dataclasses
 import glob
 import os
 import subprocess
+from dora.graph.device_shares import assign_slots
 from dora.graph.model import Graph, Pool
+from dora.graph.printing import share_text
 from dora.runtime.errors import PlacementError
 
 DEFAULT_POOL = "default"
@@ -82,6 +87,7 @@ class ReplicaPlacement:
     ranks: int = 0                # > 0: this replica is rank `replica` of a process group of `ranks`
     spare: str | None = None      # a spare (Spares): the host node whose devices it borrows
     endpoint: str | None = None   # the replica's inbox, known once it is running
+    memory: float | None = None   # the node's declared share of each of its devices' memory (None: all of it)
 
     @property
     def label(self) -> str:
@@ -124,6 +130,19 @@ class Plan:
     def data_replicas(self, node: str) -> int:
         """Replicas a node shows on its data edges: 1 for a process group (rank 0 takes and emits)."""
         return 1 if node in self.groups else len(self.of(node))
+
+    def sharing(self, node: str, other: str) -> list[int]:
+        """Replicas of `node` that share a device with a replica of `other` by declared memory
+        shares (both hold one; spares, which only borrow, left out)."""
+        theirs = {(r.pool, s) for r in self.of(other) if r.memory is not None and not r.spare for s in r.slots}
+        return [r.replica for r in self.of(node)
+                if r.memory is not None and not r.spare and any((r.pool, s) in theirs for s in r.slots)]
+
+    @property
+    def shared(self) -> bool:
+        """Some device holds several replicas by declared memory shares."""
+        seen = [(r.pool, s) for r in self.replicas if r.memory is not None and not r.spare for s in r.slots]
+        return len(seen) != len(set(seen))
 
 
 def pools_of(graph: Graph, cpus: int | None = None) -> dict[str, Pool]:
@@ -179,14 +198,14 @@ def plan(graph: Graph, inventory: Inventory | None = None, sharded: set[str] | N
         if pool.device == "gpu":
             first_gpu[name], at = at, at + pool.count
     out: list[ReplicaPlacement] = []
-    next_slot = {p: 0 for p in pools}
+    held = assign_slots(graph, graph.topo_order(), {p.name: p.count for p in pools.values()},
+                        lambda node: node.pool or DEFAULT_POOL)
     groups = {n: graph.nodes[n].replicas for n in sharded if n in graph.nodes and graph.nodes[n].replicas > 1}
     for name in graph.topo_order():
         n = graph.nodes[name]
         pool = pools[n.pool or DEFAULT_POOL]
         for r in range(n.replicas):
-            slots = tuple((next_slot[pool.name] + i) % pool.count for i in range(n.devices))
-            next_slot[pool.name] += n.devices
+            slots = held[(name, r)]
             gpus: tuple[str, ...] = ()
             if pool.device == "gpu":
                 threads = 1
@@ -199,7 +218,7 @@ def plan(graph: Graph, inventory: Inventory | None = None, sharded: set[str] | N
                 device = "cpu"
             env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
             out.append(ReplicaPlacement(name, r, pool.name, pool.device, slots, device, threads, env, gpus,
-                                        groups.get(name, 0)))
+                                        groups.get(name, 0), memory=n.memory))
     out += _spare_placements(graph, out, spares)
     p = Plan(pools, out, [], groups, inventory)
     for e in graph.edges:
@@ -248,6 +267,22 @@ def _where(r: ReplicaPlacement, backend: str | None) -> str:
     return f"{slots}, {r.threads} thread(s)"
 
 
+def _shares(p: Plan, pool: Pool) -> list[str]:
+    """One line per device of `pool` that several replicas share by memory shares."""
+    on: dict[int, list[ReplicaPlacement]] = {}
+    for r in p.replicas:
+        if r.pool == pool.name and r.memory is not None and not r.spare:
+            for s in r.slots:
+                on.setdefault(s, []).append(r)
+    lines = []
+    for s, rs in sorted(on.items()):
+        if len(rs) > 1:
+            name = f"gpu {rs[0].gpus[rs[0].slots.index(s)]}" if pool.device == "gpu" else f"cpu slot {s}"
+            parts = " + ".join(f"{r.label} {share_text(r.memory)}" for r in rs)
+            lines.append(f"{name}: {parts} = {share_text(sum(r.memory for r in rs))} of its memory")
+    return lines
+
+
 def format_plan(p: Plan, backend: str | None = None, machine: Inventory | None = None) -> str:
     """A readable table for `dora run --dry-run`; `machine` (this machine's inventory) adds a line
     saying whether a local run here would get the GPUs the plan needs."""
@@ -257,7 +292,11 @@ def format_plan(p: Plan, backend: str | None = None, machine: Inventory | None =
         taken = sum(r.devices for r in p.replicas if r.pool == pool.name and not r.spare)   # spares only borrow
         share = " (colocated, time-shared)" if len(users) > 1 and taken > pool.count else (
             " (colocated)" if len(users) > 1 else "")
+        shares = _shares(p, pool)
+        if shares:
+            share = " (devices shared by memory shares)"
         lines.append(f"  {pool.name}: {pool.count} x {pool.device}, {taken} used  nodes: {', '.join(users) or '-'}{share}")
+        lines.extend(f"    {line}" for line in shares)
     lines.append("replicas:")
     w = max((len(r.label) for r in p.replicas), default=4)
     for r in p.replicas:
@@ -268,7 +307,8 @@ def format_plan(p: Plan, backend: str | None = None, machine: Inventory | None =
         inbox = f"inbox {ep}" if not r.ranks or r.replica == 0 else "no data edges"
         if r.spare:
             rank = f"  spare on {r.spare}'s devices (asleep until lent)"
-        lines.append(f"  {r.label:<{w}}  pool {r.pool:<10} {_where(r, backend):<46} device {r.device:<7} {inbox}{rank}")
+        where = _where(r, backend) + (f", memory {share_text(r.memory)}" if r.memory is not None else "")
+        lines.append(f"  {r.label:<{w}}  pool {r.pool:<10} {where:<46} device {r.device:<7} {inbox}{rank}")
     if p.groups:
         lines.append("process groups (FSDP):")
         for node, ranks in p.groups.items():

@@ -92,7 +92,7 @@ class StartUp:
                 "run_dir": c.run_dir, "async": c.resolved.async_.to_dict(), "hb_interval": c.hb_interval,
                 "restore": c.restores.pop(w.label, None),   # restored once: a respawned replica starts clean
                 "bind": w.endpoint, "hb_timeout": max(30.0, 4 * c.hb_timeout), "live_s": c.live_s,
-                "devices": rp.devices, "rendezvous": self._rendezvous_of(w)}
+                "devices": rp.devices, "memory": rp.memory, "rendezvous": self._rendezvous_of(w)}
 
     def _rendezvous_of(self, w: WorkerRecord) -> dict[str, Any] | None:
         if w.node not in self.c.plan.groups:

@@ -67,13 +67,26 @@ def make_op(cfg: dict[str, Any], node: str, replica: int, report: Callable[[dict
     cls = op_class(cfg["op"])
     if "torch" in sys.modules:  # only pay for torch if the op uses it
         sys.modules["torch"].set_num_threads(max(1, int(cfg.get("threads", 1))))
+    cap_memory(cfg["device"], cfg.get("memory"))
     op = cls()
     ctx = OpContext(node=node, op=cfg["op"], replica=replica, replicas=cfg["replicas"], params=cfg["params"],
                     model=cfg["model"], device=cfg["device"], threads=cfg["threads"], seed=cfg["seed"],
                     run_dir=cfg["run_dir"], async_=AsyncSettings(**cfg["async"]), restore=cfg["restore"],
-                    devices=cfg["devices"], rendezvous=cfg["rendezvous"], report=report, progress=progress)
+                    devices=cfg["devices"], memory=cfg.get("memory"), rendezvous=cfg["rendezvous"], report=report,
+                    progress=progress)
     op.setup(ctx)
     return op
+
+
+def cap_memory(device: str, memory: float | None) -> None:
+    """A replica with a declared memory share of a CUDA device may allocate at most that fraction of
+    it: torch's caching allocator refuses more (an out-of-memory error in this replica, not in the
+    one it shares the device with). On CPU nothing caps a process; ops that size pools from the
+    share (the torch engine's KV) read it from their OpContext."""
+    if memory is None or not str(device).startswith("cuda"):
+        return
+    import torch
+    torch.cuda.set_per_process_memory_fraction(float(memory), torch.device(device))
 
 
 def bind_inbox(zctx: zmq.Context, cfg: dict[str, Any], host: str, ipc_dir: str | None, node: str, replica: int) -> Inbox:

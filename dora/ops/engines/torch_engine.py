@@ -31,11 +31,13 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class TorchEngine(Engine):
     def __init__(self, model: torch.nn.Module, *, version: int = 0, max_batch: int = 64, seed: int = 0,
                  eos_ids: list[int] | None = None, max_seq_len: int | None = None, dtype: str | torch.dtype | None = None,
-                 device: str | torch.device | None = None, kv_cache_gb: float | None = None, memory_fraction: float = 0.9,
+                 device: str | torch.device | None = None, kv_cache_gb: float | None = None, memory_fraction: float | None = None,
                  block_size: int = 16, max_prefill_tokens: int = 4096, cuda_graphs: bool = True, max_versions: int = 1,
                  attention: str | None = None):
         """model: a transformers llama/qwen2 causal LM whose weights (and config) the engine copies.
-        attention: 'triton' (the paged kernel; default on CUDA) or 'torch' (default elsewhere)."""
+        memory_fraction: this replica's share of its device's memory, which the KV pool is sized from
+        when kv_cache_gb is None (None: 0.9 on CUDA; on CPU room for max_batch requests); see
+        paged/kv_budget.py. attention: 'triton' (the paged kernel; default on CUDA) or 'torch' (default elsewhere)."""
         self.spec = spec_of(model.config)
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype or next(model.parameters()).dtype
@@ -51,7 +53,7 @@ class TorchEngine(Engine):
         self.latest = 0                  # the slot of the newest version
         self.budget = budget_blocks(self.spec, block_size=self.block_size, dtype=self.dtype, device=self.device,
                                     max_batch=self.max_batch, max_seq_len=self.max_seq_len, kv_cache_gb=kv_cache_gb,
-                                    memory_fraction=memory_fraction,
+                                    memory_fraction=memory_fraction, weight_bytes=self.weight_bytes(),
                                     workspace=self.runner.workspace_bytes(max_prefill_tokens))
         self.sched = Scheduler(BlockPool(2, self.block_size), max_batch=self.max_batch,
                                max_prefill_tokens=int(max_prefill_tokens), version_of=lambda i: self.runner.slots[i].version,

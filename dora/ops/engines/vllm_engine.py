@@ -79,7 +79,9 @@ class VllmEngine(Engine):
     def __init__(self, model_dir: str, *, version: int = 0, max_batch: int = 64, seed: int = 0,
                  eos_ids: list[int] | None = None, max_model_len: int | None = None, kv_space_gib: int = 1,
                  dtype: str = "float32", start_timeout_s: float = 600, call_timeout_s: float = 300,
-                 log_path: str | None = None, tensor_parallel_size: int = 1):
+                 log_path: str | None = None, tensor_parallel_size: int = 1, memory_share: float | None = None):
+        """memory_share: the replica's declared share of each GPU it holds (vLLM's gpu_memory_utilization;
+        None: vLLM's default)."""
         cfg = _read_config(model_dir)
         self.version = int(version)
         self.seed = int(seed)
@@ -107,7 +109,7 @@ class VllmEngine(Engine):
         try:
             reply = self._call({"op": "init", "model_dir": os.path.abspath(model_dir), "max_batch": self.max_batch,
                                 "max_model_len": self.max_model_len, "seed": self.seed, "dtype": dtype,
-                                "tensor_parallel_size": int(tensor_parallel_size)},
+                                "tensor_parallel_size": int(tensor_parallel_size), "memory_share": memory_share},
                                timeout_s=start_timeout_s)
         except Exception:
             self.close()
@@ -117,7 +119,7 @@ class VllmEngine(Engine):
     @classmethod
     def from_model_cfg(cls, model_cfg: dict, *, max_batch: int = 64, model_seed: int = 0, sample_seed: int = 0,
                        run_dir: str | None = None, label: str = "generate", tensor_parallel_size: int = 1,
-                       dtype: str = "float32"):
+                       dtype: str = "float32", memory_share: float | None = None):
         """(engine, tokenizer) for a pipeline `model:` section: a tiny model is written to a folder first."""
         from dora.ops import models
         kind = models.model_kind(model_cfg)
@@ -130,7 +132,7 @@ class VllmEngine(Engine):
             directory = models._local_dir(model_cfg)
             tok = models.load_tokenizer(model_cfg)
         return cls(directory, max_batch=max_batch, seed=sample_seed, tensor_parallel_size=tensor_parallel_size,
-                   dtype=dtype), tok
+                   dtype=dtype, memory_share=memory_share), tok
 
     # ------------------------------------------------------------------ transport
     def _call(self, msg: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:

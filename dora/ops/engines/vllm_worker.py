@@ -29,10 +29,11 @@ class Worker:
     def __init__(self, cfg: dict[str, Any]):
         from vllm import EngineArgs, LLMEngine
         tp = int(cfg.get("tensor_parallel_size", 1))
+        share = {"gpu_memory_utilization": float(cfg["memory_share"])} if cfg.get("memory_share") is not None else {}
         args = EngineArgs(model=cfg["model_dir"], skip_tokenizer_init=True, dtype=cfg.get("dtype", "float32"),
                           enforce_eager=True, max_num_seqs=int(cfg["max_batch"]), max_model_len=int(cfg["max_model_len"]),
                           logprobs_mode="processed_logprobs", seed=int(cfg["seed"]), tensor_parallel_size=tp,
-                          distributed_executor_backend="mp" if tp > 1 else None)
+                          distributed_executor_backend="mp" if tp > 1 else None, **share)
         self.engine = LLMEngine.from_engine_args(args)
         self.scheduler = self.engine.engine_core.engine_core.scheduler
         cache = self.engine.vllm_config.cache_config

@@ -1,15 +1,19 @@
 """How many KV blocks the engine may hold: its memory budget, declared or derived.
 
 - `kv_cache_gb` given: that many GiB of KV, on any device.
-- CUDA, not given: `memory_fraction` of the device's total memory, less what this process holds
-  (the weights) and the measured workspace (activations of the largest prefill chunk and decode
-  batch), and never more than is free now (another process, e.g. a trainer, may hold the rest).
+- CUDA, not given: `memory_fraction` of the device's total memory (the replica's declared memory
+  share when it shares the device, dora/graph/device_shares.py; else 0.9), less what this process
+  holds (the weights) and the measured workspace (activations of the largest prefill chunk and
+  decode batch), and never more than is free now (another process, e.g. a trainer, may hold the rest).
 - CPU, not given: enough for max_batch requests of max_seq_len tokens (allocated as used: the
-  tensor starts small and doubles).
-A budget that cannot hold one request of max_seq_len tokens is refused at start-up.
+  tensor starts small and doubles); with a declared share, also at most that share of the host's
+  memory less the weights and the workspace.
+A budget that cannot hold one request of max_seq_len tokens is refused at start-up, with the numbers.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -17,32 +21,59 @@ from .kv_cache import bytes_per_block
 from .model_spec import ModelSpec
 
 GiB = 2 ** 30
+CUDA_FRACTION = 0.9   # of a device no one else declared a share of: room for the CUDA context and other processes
+
+
+def share_bytes(*, total: int, fraction: float, held: int, workspace: int, free: int | None = None) -> int:
+    """KV bytes a replica may hold: `fraction` of the device's `total` memory, less what it holds
+    already (`held`: its weights) and its `workspace`, and never more than is `free` now."""
+    budget = int(total * fraction) - held
+    if free is not None:
+        budget = min(budget, free)
+    return budget - workspace
+
+
+def host_memory() -> int:
+    """This machine's physical memory in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def budget_blocks(spec: ModelSpec, *, block_size: int, dtype: torch.dtype, device: torch.device, max_batch: int,
-                  max_seq_len: int, kv_cache_gb: float | None, memory_fraction: float, workspace: int) -> int:
-    """Usable blocks (the reserved trash block not included); ValueError with the numbers when too few."""
+                  max_seq_len: int, kv_cache_gb: float | None, memory_fraction: float | None, workspace: int,
+                  weight_bytes: int = 0) -> int:
+    """Usable blocks (the reserved trash block not included); ValueError with the numbers when too few.
+    `memory_fraction`: the replica's share of its device (None: CUDA_FRACTION on CUDA, no cap on CPU);
+    `weight_bytes`: what the engine's weights hold (on CUDA the allocator says it)."""
     per_block = bytes_per_block(spec, block_size, dtype)
     per_request = -(-max_seq_len // block_size)
+    if memory_fraction is not None and not 0 < memory_fraction <= 1:
+        raise ValueError(f"torch engine: memory_fraction must be in (0, 1], got {memory_fraction}")
     if kv_cache_gb is not None:
         if kv_cache_gb <= 0:
             raise ValueError(f"torch engine: kv_cache_gb must be > 0, got {kv_cache_gb}")
         budget, source = int(kv_cache_gb * GiB), f"kv_cache_gb={kv_cache_gb}"
     elif device.type == "cuda":
-        if not 0 < memory_fraction <= 1:
-            raise ValueError(f"torch engine: memory_fraction must be in (0, 1], got {memory_fraction}")
+        fraction = CUDA_FRACTION if memory_fraction is None else memory_fraction
         free, total = torch.cuda.mem_get_info(device)
         held = torch.cuda.memory_allocated(device)
-        budget = min(int(total * memory_fraction) - held, free) - workspace
-        source = (f"{memory_fraction:.2f} of {total / GiB:.1f} GiB, less {held / GiB:.2f} GiB held and "
-                  f"{workspace / GiB:.2f} GiB workspace ({free / GiB:.1f} GiB free)")
-    else:
+        budget = share_bytes(total=total, fraction=fraction, held=held, workspace=workspace, free=free)
+        source = (f"{'memory share ' if memory_fraction is not None else ''}{fraction:.2f} of {total / GiB:.1f} GiB, "
+                  f"less {held / GiB:.2f} GiB held and {workspace / GiB:.2f} GiB workspace ({free / GiB:.1f} GiB free)")
+    elif memory_fraction is None:
         return max_batch * per_request
+    else:
+        total = host_memory()
+        budget = share_bytes(total=total, fraction=memory_fraction, held=weight_bytes, workspace=workspace)
+        source = (f"memory share {memory_fraction:.2f} of the host's {total / GiB:.1f} GiB, less {weight_bytes / GiB:.2f} "
+                  f"GiB of weights and {workspace / GiB:.2f} GiB workspace")
+        if budget // per_block >= per_request:
+            return int(min(max_batch * per_request, budget // per_block))
     blocks = max(0, budget) // per_block
     if blocks < per_request:
         raise ValueError(f"torch engine: the KV budget ({source}) holds {blocks * block_size} tokens "
                          f"({per_block} bytes per block of {block_size}); one request of max_seq_len={max_seq_len} "
-                         f"tokens needs {per_request * block_size}. Raise kv_cache_gb or lower max_seq_len")
+                         f"tokens needs {per_request * block_size}. Raise kv_cache_gb or the memory share, "
+                         "or lower max_seq_len")
     return int(blocks)
 
 

@@ -110,7 +110,8 @@ class ModelRunner:
     @torch.inference_mode()
     def workspace_bytes(self, max_prefill_tokens: int) -> int:
         """Peak memory a prefill chunk of max_prefill_tokens and a full decode batch take beyond what
-        is allocated now (CUDA: measured by running them against a scratch KV cache)."""
+        is allocated now (CUDA: measured by running them against a scratch KV cache), summed: the
+        captured decode graphs keep their memory while a prefill runs."""
         if not self.cuda:
             return 0
         chunk = min(max_prefill_tokens, self.max_seq_len - 1)
@@ -118,15 +119,15 @@ class ModelRunner:
         blocks = seq.blocks_needed(self.block_size)
         seq.blocks = list(range(1, blocks + 1))
         saved, self.kv = self.kv, KVCache(self.spec, self.block_size, blocks + 1, self.dtype, self.device)
-        torch.cuda.synchronize(self.device)
-        base = torch.cuda.memory_allocated(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        self.prefill(self.slots[0], [(seq, 0, chunk)])
-        logits = self._decode_eager(self.slots[0], [seq] * self.max_batch)
-        torch.softmax(logits.float(), dim=-1)
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device) - base
+        peaks = []
+        for run in (lambda: self.prefill(self.slots[0], [(seq, 0, chunk)]),
+                    lambda: torch.softmax(self._decode_eager(self.slots[0], [seq] * self.max_batch).float(), dim=-1)):
+            torch.cuda.synchronize(self.device)
+            base = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            run()
+            torch.cuda.synchronize(self.device)
+            peaks.append(torch.cuda.max_memory_allocated(self.device) - base)
         self.kv = saved
-        del logits
         torch.cuda.empty_cache()
-        return int(peak)
+        return int(sum(peaks))

@@ -1,0 +1,22 @@
+"""What a replica that died held, for the RL driver to reissue once its respawn is up (the run
+controller calls RLDriver.on_replica_lost): whole groups, dispatched again as new groups."""
+
+from __future__ import annotations
+
+
+def held_by_lost(d, node: str, replica: int) -> tuple[list[str], list[int]]:
+    """(group ids to reissue, revoked training steps) for node[replica] of RLDriver `d`, respawned."""
+    rc = d._rc()
+    if node == d.roles.generate and d.elastic is not None and d.elastic.owns(replica):
+        return d.elastic.replaced(replica)
+    if node == d.roles.generate:
+        name = f"{node}[{replica}]"
+        rc.manager.instances[name].version = 0   # the new process holds the seeded initial weights
+        if d.shared is not None:
+            d.shared.replaced(name)              # ... and is awake
+        return rc.instance_replaced(name)
+    # rows in its hands (or queued to it) are gone: every group not wholly scored goes again
+    sent = set(d.feed.sent["uids"]) if d.feed.sent else set()
+    gids = [g for g, uids in d.prompts.open_groups.items()
+            if not all(u in d.feed.scored for u in uids) and uids[0] not in sent]
+    return gids, rc.on_dropped([d.prompts.open_groups[g][0] for g in gids], reason="replica_lost")
