@@ -109,3 +109,14 @@ def check_trace(run: RunDir) -> None:
     assert rollout_spans, "trace.json has no rollout spans"
     assert any(e["name"].startswith("v") for e in rollout_spans)
     assert any(e["ph"] == "X" and e.get("cat") == "trainer" for e in events), "trace.json has no trainer steps"
+
+
+def spans_by_row(run: RunDir) -> dict[str, list[tuple[float, float, dict]]]:
+    """The trace's complete spans by row name (thread name) -> (start, end, event)."""
+    events = json.loads((run.path / "trace.json").read_text())["traceEvents"]
+    rows = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    out: dict[str, list] = {}
+    for e in events:
+        if e["ph"] == "X":
+            out.setdefault(rows[(e["pid"], e["tid"])], []).append((e["ts"], e["ts"] + e["dur"], e))
+    return out

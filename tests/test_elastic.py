@@ -4,8 +4,6 @@ trainer's devices is lent while the trainer waits and reclaimed before each step
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -15,7 +13,7 @@ from dora.ops.engines.engine import SamplingRequest
 from dora.ops.engines.torch_engine import TorchEngine
 from dora.rl.elastic_lending import elastic_spares
 from dora.runtime.placement import plan as place
-from e2e_audit import PIPELINES, RunDir, check_accounting, check_ledger, check_trace, dora_run
+from e2e_audit import PIPELINES, RunDir, check_accounting, check_ledger, check_trace, dora_run, spans_by_row
 from engine_helpers import drain
 
 torch.set_num_threads(1)
@@ -92,17 +90,6 @@ QUICK = ["nodes.rollout.params.max_tokens=24", "nodes.rollout.params.max_batch=4
          "async.elastic=true"]
 
 
-def _spans(run: RunDir) -> dict[str, list[tuple[float, float, dict]]]:
-    """Complete spans by row name (thread name) -> (start, end, event)."""
-    events = json.loads((run.path / "trace.json").read_text())["traceEvents"]
-    rows = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"}
-    out: dict[str, list] = {}
-    for e in events:
-        if e["ph"] == "X":
-            out.setdefault(rows[(e["pid"], e["tid"])], []).append((e["ts"], e["ts"] + e["dur"], e))
-    return out
-
-
 @pytest.mark.parametrize("mode, k, rbs", [("dora", 1, 32), ("sync", 0, 16)])
 def test_run_lends_the_trainer_devices_and_hands_them_back_before_each_step(tmp_path, mode, k, rbs):
     out = tmp_path / mode
@@ -123,7 +110,7 @@ def test_run_lends_the_trainer_devices_and_hands_them_back_before_each_step(tmp_
     assert el["handback_s"] > 0 and el["lend_s"] > 0
     assert 0 < sum(r["elastic_lends"] for r in run.metrics) <= el["lends"]   # per step (the last lend may follow the last step)
     # the spare and the trainer never run at once: nothing on the spare's row, nor a lend, overlaps a step
-    spans = _spans(run)
+    spans = spans_by_row(run)
     steps = [(a, b) for a, b, e in spans["update"] if e["name"].startswith("train step")]
     assert len(steps) == STEPS
     spare = spans["rollout[2]"] + [s for s in spans["elastic"] if s[2]["name"] == "lend"]

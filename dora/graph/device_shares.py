@@ -62,18 +62,19 @@ def share_problems(g: Graph) -> list[Diagnostic]:
             diags.append(error("memory is a share of a pool's devices, but the node names no pool", loc, node=n,
                                hint="put it in a declared pool (pool: NAME) with the nodes it shares devices with"))
     for pool in shared_pools(g):
-        diags += _over_full(g, pool)
+        if all(is_share(n.memory) for n in g.nodes.values() if n.pool == pool):
+            diags += _over_full(g, pool)
     return diags
 
 
 def shared_pools(g: Graph) -> list[str]:
     """Declared pools whose nodes need more devices than the pool has and all declare a memory
-    share (well-formed): their devices are shared."""
+    share: their devices are shared."""
     out = []
     for name, pool in g.pools.items():
         users = [n for n in g.nodes.values() if n.pool == name]
         if not _is_count(pool.count) or not users or not all(
-                _is_count(n.replicas) and _is_count(n.devices) and is_share(n.memory) for n in users):
+                _is_count(n.replicas) and _is_count(n.devices) and n.memory is not None for n in users):
             continue
         if sum(n.replicas * n.devices for n in users) > pool.count:
             out.append(name)
@@ -91,13 +92,16 @@ def _over_full(g: Graph, pool: str) -> list[Diagnostic]:
             by_users.setdefault(tuple(dict.fromkeys(n for n, _ in users)), []).append(s)
     diags = []
     for names, devices in by_users.items():
-        users = on[devices[0]]
+        users = on[devices[0]]   # (one device: its replicas; several: the nodes whose replicas each holds)
         total = sum(g.nodes[n].memory for n, _ in users)
-        who = " + ".join(f"{n}[{r}] {share_text(g.nodes[n].memory)} ({g.loc_of(f'nodes.{n}.memory')})" for n, r in users)
-        which = "device" if len(devices) == 1 else "devices"
+        one = len(devices) == 1
+        who = " + ".join(f"{n}[{r}] {share_text(g.nodes[n].memory)} ({g.loc_of(f'nodes.{n}.memory')})" for n, r in users) \
+            if one else " + ".join(f"{n} {share_text(g.nodes[n].memory)} ({g.loc_of(f'nodes.{n}.memory')})"
+                                   for n, _ in users)
+        where = f"device {devices[0]}" if one else f"devices {', '.join(map(str, devices))} each"
         diags.append(error(
-            f"{g.pools[pool].device} pool {pool!r} {which} {', '.join(map(str, devices))} shared by {who} "
-            f"= {share_text(total)} of its memory, over 100%",
+            f"{g.pools[pool].device} pool {pool!r} {where} shared by {who} = {share_text(total)} of its memory, "
+            "over 100%",
             g.loc_of(f"nodes.{names[0]}.memory"), node=names[0],
             hint=f"lower the memory shares of {', '.join(names)} to sum to at most 1, or raise pools.{pool}.count"))
     return diags
