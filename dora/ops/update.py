@@ -187,6 +187,8 @@ class UpdateOp(ShardedOp):
         publication and the checkpoint, in the same order on every rank. `batch`: rank 0's whole batch."""
         p = self.p
         metrics = self.loss_step.run(cols, header)
+        if self.ctx.device.startswith("cuda"):
+            torch.cuda.synchronize()   # the optimizer's kernels are part of the step's time
         seconds_train = time.perf_counter() - t0
         self.step += 1
         self.version += 1
@@ -198,6 +200,9 @@ class UpdateOp(ShardedOp):
                 "tokens": int(total_tokens), "trajectories": len(batch["uid"]),
                 "response_len_mean": total_tokens / len(batch["uid"]), "train_ranks": self.ranks,
             })
+            if self.ctx.device.startswith("cuda"):   # the step's peak, to hold against a declared memory share
+                metrics["cuda_peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2 ** 30
+                torch.cuda.reset_peak_memory_stats()
             if "reward" in batch and all(r is not None for r in batch["reward"]):
                 metrics["reward_mean"] = sum(batch["reward"]) / len(batch["reward"])
             self.ledger.write(json.dumps({"step": self.step, "version": self.version, "uids": batch["uid"],
