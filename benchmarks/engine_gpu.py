@@ -4,10 +4,11 @@
     python benchmarks/engine_gpu.py --device cpu     # dry run here: a small model, small shapes
     python benchmarks/engine_gpu.py --json out.json --only paged-nano,paged-decode
 
-Needs only the checkout, torch, transformers and safetensors (no pyzmq / omegaconf: nothing here
-starts a dora run). Each section runs in its own process with its own timeout, so a crash or a
-hang in one still prints the others; each measured run also stops itself at --cap seconds and
-then reports the tokens it made by then (marked "capped").
+Needs only the checkout, torch, transformers and safetensors, and for the two gpu_single sections
+(real `dora run`s) the pyzmq and omegaconf wheels of ../shared/GPU.md on PYTHONPATH. Each section
+runs in its own process with its own timeout, so a crash or a hang in one still prints the others;
+each measured run also stops itself at --cap seconds and then reports the tokens it made by then
+(marked "capped"). The whole script is meant to take under 8 minutes on one H200 (it prints its total).
 
 Sections (one table at the end):
 - a correctness check first: a small float32 model through the paged engine as configured on the
@@ -21,9 +22,14 @@ Sections (one table at the end):
 - decode ms per step at batch 64 and 256 (paged and eager, 128-token prompts, steady state);
 - the paged engine's start-up and graph capture, the time to load a version (from host memory
   and from a safetensors file), to sleep and to wake, and the bytes sleep frees
-  (torch.cuda.memory_reserved before and after).
-To add a section (e.g. pipelines/gpu_single.yaml end to end, in sync and in dora mode): write a
-function section_NAME(args) -> dict of measures and add NAME to SECTIONS.
+  (torch.cuda.memory_reserved before and after);
+- pipelines/gpu_single.yaml end to end (rollout and trainer on the one device, memory shares
+  45% + 45%), in sync mode (the engine sleeps through each training step) and in dora mode
+  (both keep their shares and run at once): `dora run` of SINGLE_STEPS steps, its wall time,
+  per-step medians after the first (step, training, rollout-only seconds, trained tokens/s, the
+  sleep + wake seconds), the trainer's peak CUDA memory, the engine's KV capacity, C1-C3 and lost.
+  On cpu the same pipeline with SINGLE_ON_CPU's small settings.
+To add a section: write a function section_NAME(args) -> dict of measures and add NAME to SECTIONS.
 """
 
 from __future__ import annotations
@@ -40,7 +46,14 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # run from a checkout without installing
 
 SECTIONS = ["paged-check", "paged-nano", "paged-grpo", "paged-decode", "paged-lifecycle", "eager-nano", "eager-grpo",
-            "eager-decode", "hf-nano", "hf-grpo"]
+            "eager-decode", "hf-nano", "hf-grpo", "single-sync", "single-dora"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SINGLE_STEPS = 4
+SINGLE_ON_CPU = ["pools.gpu.device=cpu", "model={arch: llama, hidden: 64, layers: 2, heads: 4, kv_heads: 2, "
+                 "intermediate: 128, max_positions: 512, init_std: 0.05, tokenizer: chars}",
+                 "nodes.rollout.params.dtype=float32", "nodes.train.params.precision=fp32", "async.train_batch=32",
+                 "async.rollout_batch=48", "nodes.prompts.params.group_size=4", "nodes.rollout.params.max_tokens=32",
+                 "nodes.rollout.params.max_batch=16"]
 SHAPES = {   # (model, nano requests and length range, grpo prompts x samples and prompt range, max output, decode batches)
     "cuda": dict(model=dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
                             num_key_value_heads=4, vocab_size=32000), max_seq_len=2048, nano=(256, 100, 1024),
@@ -279,6 +292,44 @@ def section_check(args) -> dict:
     return {"logprob_err": before, "logprob_err_after_wake": worst(), "prefix_hit_tokens": eng.stats().prefix_hit_tokens}
 
 
+def section_single(args, mode: str) -> dict:
+    """pipelines/gpu_single.yaml, SINGLE_STEPS steps in `mode`: a real `dora run` (its own processes)."""
+    import importlib.util
+    import statistics
+
+    missing = [m for m in ("zmq", "omegaconf") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise RuntimeError(f"dora run needs {missing}: install the wheels of ../shared/GPU.md and put them on PYTHONPATH")
+    out = tempfile.mkdtemp(prefix=f"engine-gpu-single-{mode}-")
+    cmd = [sys.executable, "-m", "dora.cli", "run", os.path.join(ROOT, "pipelines", "gpu_single.yaml"),
+           f"async.mode={mode}", f"nodes.train.params.steps={SINGLE_STEPS}", *(SINGLE_ON_CPU if args.device == "cpu" else []),
+           "--out", out, "--quiet", "--deadline", str(max(30.0, args.single_timeout - 20))]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.single_timeout)
+    path = os.path.join(out, "summary.json")
+    if not os.path.exists(path):
+        raise RuntimeError(f"dora run exit {proc.returncode}, no summary: {(proc.stderr or proc.stdout)[-300:]}")
+    with open(path) as f:
+        summary = json.load(f)
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        steps = [json.loads(line) for line in f if line.strip()][1:]   # after the first (start-up, graph capture)
+    with open(os.path.join(out, "state.json")) as f:
+        kv = [r["kv_capacity"] for r in json.load(f)["replicas"] if r["node"] == "rollout"]
+
+    def median(key: str) -> float | None:
+        vals = [r[key] for r in steps if r.get(key) is not None]
+        return statistics.median(vals) if vals else None
+    acc = summary.get("accounting") or {}
+    shared = summary.get("shared_devices") or {}
+    return {"exit": proc.returncode, "ok": summary.get("ok"), "run_error": summary.get("error"), "wall_s": summary.get("wall_s"),
+            "steps": summary.get("steps"), "step_s": median("step_time_s"), "train_s": median("train_s"),
+            "rollout_only_s": median("rollout_only_s"), "step_tok_s": median("tokens_per_s"),
+            "handover_s": (median("shared_sleep_s") or 0) + (median("shared_wake_s") or 0) if shared else None,
+            "sleeps": shared.get("sleeps", 0), "trainer_peak_gib": max((r.get("cuda_peak_reserved_gib") or 0 for r in steps),
+                                                                         default=0),
+            "kv_tokens": kv[0] if kv else None, "c1_c3": [acc.get(f"c{i}_violations") for i in (1, 2, 3)],
+            "lost": acc.get("lost"), "trained": acc.get("trained")}
+
+
 def run_section(args, name: str) -> dict:
     import torch
 
@@ -286,6 +337,8 @@ def run_section(args, name: str) -> dict:
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
     kind, what = name.split("-")
+    if kind == "single":
+        return section_single(args, what)
     if what == "check":
         return section_check(args)
     if what in ("nano", "grpo"):
@@ -298,12 +351,13 @@ def run_section(args, name: str) -> dict:
 # ---------------------------------------------------------------- the driver and the table
 def spawn(args, name: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--section", name, "--device", args.device, "--dtype", args.dtype,
-           "--cap", str(args.cap), "--threads", str(args.threads)]
+           "--cap", str(args.cap), "--threads", str(args.threads), "--single-timeout", str(args.single_timeout)]
+    timeout = args.single_timeout + 15 if name.startswith("single-") else args.timeout
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {args.timeout:.0f} s"}
+        return {"error": f"timed out after {timeout:.0f} s"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -353,22 +407,47 @@ def print_table(res: dict, args) -> None:
     gp = res.get("paged-grpo") or {}
     if "prefix_hit_tokens" in gp:
         print(f"grpo shape, paged: {gp['prefill_tokens']:,} tokens prefilled, {gp['prefix_hit_tokens']:,} shared (prefix hits)")
+    print_single(res)
+
+
+def print_single(res: dict) -> None:
+    """The gpu_single.yaml rows: one per mode run."""
+    runs = {k.split("-", 1)[1]: r for k, r in res.items() if k.startswith("single-") and "error" not in r}
+    if not runs:
+        return
+    print(f"\npipelines/gpu_single.yaml, {SINGLE_STEPS} steps, rollout and trainer on one device (medians after step 1)")
+
+    def num(x, fmt):
+        return "-" if x is None else format(x, fmt)
+    rows = [("mode", "ok", "wall s", "step s", "train s", "rollout-only s", "tok/s", "sleep+wake s", "sleeps",
+             "trainer peak GiB", "engine KV tokens", "C1-C3", "lost")]
+    for mode, r in runs.items():
+        rows.append((mode, str(r["ok"]), num(r["wall_s"], ".1f"), num(r["step_s"], ".2f"), num(r["train_s"], ".2f"),
+                     num(r["rollout_only_s"], ".2f"), num(r["step_tok_s"], ",.0f"), num(r["handover_s"], ".3f"),
+                     str(r["sleeps"]), num(r["trainer_peak_gib"], ".1f"), num(r["kv_tokens"], ",d"),
+                     "/".join(str(c) for c in r["c1_c3"]), str(r["lost"])))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--dtype", default=None, help="bfloat16 on cuda, float32 on cpu")
-    ap.add_argument("--cap", type=float, default=None, help="seconds a measured run may take (cuda 35, cpu 20)")
+    ap.add_argument("--cap", type=float, default=None, help="seconds a measured run may take (cuda 25, cpu 20)")
     ap.add_argument("--timeout", type=float, default=None, help="seconds a section's process may take (cuda 120, cpu 90)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads on cpu")
+    ap.add_argument("--single-timeout", type=float, default=None,
+                    help="seconds a gpu_single.yaml run may take (cuda 110, cpu 240)")
     ap.add_argument("--only", default=None, help=f"comma-separated sections of {SECTIONS}")
     ap.add_argument("--json", default=None)
     ap.add_argument("--section", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     a.dtype = a.dtype or ("bfloat16" if a.device == "cuda" else "float32")
-    a.cap = a.cap or (35.0 if a.device == "cuda" else 20.0)
+    a.cap = a.cap or (25.0 if a.device == "cuda" else 20.0)
     a.timeout = a.timeout or (120.0 if a.device == "cuda" else 90.0)
+    a.single_timeout = a.single_timeout or (110.0 if a.device == "cuda" else 240.0)
     if a.section:
         print("RESULT " + json.dumps(run_section(a, a.section)), flush=True)
         return
@@ -381,6 +460,7 @@ def main() -> None:
         res[name] = spawn(a, name)
         print(f"[{time.perf_counter() - t0:6.0f} s] {name}: {json.dumps(res[name])}", flush=True)
     print_table(res, a)
+    print(f"total {time.perf_counter() - t0:.0f} s")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": a.device, "dtype": a.dtype, "cap": a.cap, "results": res}, f, indent=2)
