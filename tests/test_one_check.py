@@ -33,11 +33,11 @@ SCALARS = st.one_of(
 
 
 def _keys(path: str) -> list[str]:
-    """Every setting path of a pipeline: node params, replicas, pools, async, run, model keys."""
+    """Every setting path of a pipeline: node params, replicas, memory shares, pools, async, run, model keys."""
     g = load_graph(path)
     keys = [f"async.{k}" for k in section_specs(AsyncConfig)] + [f"run.{k}" for k in section_specs(RunConfig)]
     for name, node in g.nodes.items():
-        keys.append(f"nodes.{name}.replicas")
+        keys += [f"nodes.{name}.replicas", f"nodes.{name}.memory"]
         keys += [f"nodes.{name}.params.{p}" for p in resolve_op(node.op).params]
     for pool in g.pools:
         keys += [f"pools.{pool}.count", f"pools.{pool}.device"]
