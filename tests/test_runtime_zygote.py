@@ -11,16 +11,9 @@ import time
 import pytest
 
 from dora.runtime.backends.zygote_client import ZygoteClient
+from runtime_graphs import alive
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the zygote forks (Linux)")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_forked_workers_look_started_report_their_exit_and_die_with_the_zygote(tmp_path):
@@ -48,6 +41,6 @@ def test_forked_workers_look_started_report_their_exit_and_die_with_the_zygote(t
         zygote.proc.kill()   # a dying zygote takes its workers (PR_SET_PDEATHSIG)
         zygote.proc.wait(timeout=10)
     deadline = time.monotonic() + 20
-    while _alive(waiting.pid) and time.monotonic() < deadline:
+    while alive(waiting.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(waiting.pid)
+    assert not alive(waiting.pid)
