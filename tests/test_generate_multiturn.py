@@ -138,7 +138,7 @@ def test_export_import_mid_turn_and_in_a_tool_wait_changes_nothing():
 
 
 def test_abort_in_a_tool_wait_and_the_total_token_limit():
-    op, _ = make_op({**GREEDY, "max_turns": 10, "max_total_tokens": 11})
+    op, events = make_op({**GREEDY, "max_turns": 10, "max_total_tokens": 11})
     op.process(prompts("tt"), "prompts")
     for _ in range(200):
         op.poll()
@@ -154,6 +154,10 @@ def test_abort_in_a_tool_wait_and_the_total_token_limit():
     assert r["finish_reason"] == "length" and r["turns"] == 3 and r["tool_calls"] == 3
     assert r["response_mask"] == [1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0] and r["final_turn_text"] == ""
     assert TOK.decode(r["response_ids"]) == "t<>tt<>tt<>"
+    (ev,) = [e for e in events if e["kind"] == "finished"]
+    assert ev["turn_trace"] == [[[1, ev["turn_trace"][0][0][1], 3], [1, ev["turn_trace"][0][1][1], 3], [1, ev["turn_trace"][0][2][1], 2]]]
+    # turns 2 and 3 prefilled the 3 prompt tokens and all but the new observation again: 4 + 8
+    assert ev["context_prefill_tokens"] == [12] and ev["prompt_tokens"] == [3]
 
 
 TOOLS_YAML = """\

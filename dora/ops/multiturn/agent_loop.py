@@ -180,10 +180,24 @@ def trajectory_columns(c: Completion, tokenizer) -> dict[str, Any]:
 
 def event_fields(cs: list[Completion]) -> dict[str, list]:
     """Per-trajectory lists for the generate op's `finished` event: turns, tool_calls, tool_errors,
-    tool_wait_s, and `turn_trace` ([[generated tokens, tool wait s, observation tokens], ...] per
-    trajectory, the simulator's trace format) with `prompt_tokens`."""
+    tool_wait_s, `turn_trace` ([[generated tokens, tool wait s, observation tokens], ...] per
+    trajectory, the simulator's trace format) with `prompt_tokens`, and `context_prefill_tokens`:
+    the context each later turn prefilled again (all of it but the new observation), which an
+    engine that parks KV across a tool wait would not."""
     trajs = [c.meta["traj"] for c in cs]
     return {"turns": [len(t["turn_log"]) for t in trajs], "tool_calls": [t["tool_calls"] for t in trajs],
             "tool_errors": [t["tool_errors"] for t in trajs],
             "tool_wait_s": [float(sum(x[1] for x in t["turn_log"])) for t in trajs],
-            "turn_trace": [t["turn_log"] for t in trajs], "prompt_tokens": [len(t["prompt_ids"]) for t in trajs]}
+            "turn_trace": [t["turn_log"] for t in trajs], "prompt_tokens": [len(t["prompt_ids"]) for t in trajs],
+            "context_prefill_tokens": [context_prefill(len(t["prompt_ids"]), t["turn_log"]) for t in trajs]}
+
+
+def context_prefill(prompt_tokens: int, turn_log: list[list]) -> int:
+    """Tokens prefilled again by the continuations of one trajectory: before turn k (k >= 2), the
+    prompt and every token up to the end of turn k-1's model tokens."""
+    total, seen = 0, prompt_tokens
+    for generated, _, observed in turn_log[:-1]:
+        seen += int(generated)
+        total += seen
+        seen += int(observed)
+    return total
