@@ -129,3 +129,41 @@ def test_an_all_ones_mask_changes_nothing(tmp_path):
         op.process(b, "batch")
         results.append(_params(op))
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_multiturn_rows_survive_a_run_checkpoint_and_train(tmp_path):
+    """Rows of a multi-turn generate, scored, written to a run checkpoint's pending trajectories (what
+    a resume trains first) and read back, keep their masks aligned and train on model tokens; a
+    misaligned mask fails the step naming the trajectory."""
+    from dora.ops.generate import GenerateOp
+    from dora.runtime import checkpoint
+    from test_generate_multiturn import GREEDY, MODEL, prompts
+
+    gen = GenerateOp()
+    gen.setup(op_context("generate", GREEDY, node="gen", model=MODEL, seed=0, report=lambda e: None))
+    gen.process(prompts("ttqt"), "prompts")
+    batches = []
+    while gen.busy():
+        batches += list(gen.poll())
+    table = pa.Table.from_batches(batches).sort_by("uid")
+    table = table.append_column(pa.field("reward", COLUMNS["reward"]), pa.array([1.0, 0.0, 0.0, 1.0], COLUMNS["reward"]))
+    table = table.set_column(table.schema.get_field_index("group_id"), "group_id", pa.array([0, 0, 1, 1], COLUMNS["group_id"]))
+    adv = AdvantageOp()
+    adv.setup(op_context("advantage", {"estimator": "grpo"}, async_={"group_size": 2}))
+    scored = pa.Table.from_batches([adv.process(table.combine_chunks().to_batches()[0], "scored")[0]])
+    folder = checkpoint.staging(str(tmp_path / "run"), 1)
+    checkpoint.write_state(folder, {"step": 1}, scored)
+    _, back = checkpoint.read(folder)
+    assert back.equals(scored)
+    masks, resps = back.column("response_mask").to_pylist(), back.column("response_ids").to_pylist()
+    assert [len(m) for m in masks] == [len(r) for r in resps] and any(0 in m for m in masks)
+    events: list = []
+    op = make_op(tmp_path / "train", events, lr=1e-3, steps=2)
+    op.process(back.combine_chunks().to_batches()[0], "batch")
+    (step,) = [e for e in events if e["kind"] == "train_step"]
+    assert step["metrics"]["tokens"] == sum(sum(m) for m in masks) < sum(len(r) for r in resps)
+    bad = back.set_column(back.schema.get_field_index("response_mask"), "response_mask",
+                          pa.array([m[:-1] for m in masks], COLUMNS["response_mask"]))
+    bad = bad.set_column(bad.schema.get_field_index("uid"), "uid", pa.array([f"x{i}" for i in range(4)], COLUMNS["uid"]))
+    with pytest.raises(ValueError, match="response_mask does not have one value per response token"):
+        op.process(bad.combine_chunks().to_batches()[0], "batch")
