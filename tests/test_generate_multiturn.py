@@ -123,7 +123,7 @@ def test_export_import_mid_turn_and_in_a_tool_wait_changes_nothing():
         if a.agent.waiting and a.engine.has_work():
             break
     waiting = sorted(a.agent.waiting)
-    assert waiting
+    assert waiting and a.call("stats", {})["tool_waiting"] == len(waiting)
     state, frames = _wire(a.call("interrupt_all", {}))
     assert not a.busy() and a.call("stats", {})["active"] == 0
     assert sorted(b.call("import_", {"state": state, "buffers": frames})["imported"]) == [f"u{i}" for i in range(8)]

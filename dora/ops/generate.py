@@ -201,7 +201,10 @@ class GenerateOp(Operator):
         return {"aborted": aborted}
 
     def stats(self) -> dict[str, Any]:
-        return self.engine.stats().to_dict()
+        out: dict[str, Any] = self.engine.stats().to_dict()
+        if self.agent is not None:   # trajectories whose tools are running (they hold no decode slot)
+            out["tool_waiting"] = len(self.agent.waiting)
+        return out
 
     def sleep(self) -> dict[str, Any]:
         """Release the KV cache and the weights (only when nothing is in flight here)."""
