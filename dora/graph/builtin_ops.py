@@ -68,7 +68,7 @@ GENERATE = OpSpec(
         P("max_total_tokens", "int", 2048, "multi-turn: response tokens of a trajectory, turns and observations "
           "together (past it the trajectory ends with finish_reason length)", min=2),
         P("tools", "list", [], "tools the model may call: [{name: NAME, kind: python|search (default NAME), <settings>}] "
-          "(dora/ops/tools; `dora ops` does not list tool settings: docs/architecture.md does)"),
+          "(each kind's settings are declared on its class: dora/ops/tools/python_tool.py, search_tool.py)"),
         P("tool_parser", "str", "hermes", "how a turn calls a tool: hermes (<tool_call>{json}</tool_call>), tag "
           "(<NAME>argument</NAME>) or stop (a turn ending on a `stop` string calls the one tool with its text)", names_from="dora.ops.tools.tool_parsers:PARSERS"),
         P("observation_template", "str", "\n<tool_response>\n{observation}\n</tool_response>\n",
