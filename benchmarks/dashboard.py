@@ -56,7 +56,7 @@ def free_port() -> int:
 
 def run_arm(arm: str, pipeline: str, overrides: list[str], out_root: str, i: int, deadline_s: float,
             hb_timeout: float) -> dict:
-    from dora.runtime.launch import execute, load_graph
+    from dora.rl.launch import execute, load_graph
     graph = load_graph(pipeline, overrides)
     if graph is None:
         raise SystemExit(2)
@@ -96,6 +96,7 @@ def worker_side(n: int = 2000) -> dict:
     from dora.ops.models import load_policy
     from dora.runtime import wire
     from dora.runtime.channel import OutEdge
+    from dora.runtime.op_watch import live_counters
     from dora.runtime.worker import Worker
 
     g = load_graph("pipelines/quickstart.yaml")
@@ -114,7 +115,7 @@ def worker_side(n: int = 2000) -> dict:
         t = time.perf_counter()
         for j in range(n):
             w.work = j                      # counters move: every sample is a new one, as in a busy worker
-            w.sample_live()
+            w.live = live_counters(w.op, w.outs, w.work)   # what the worker's loop samples every live_s
         sample_us = (time.perf_counter() - t) / n * 1e6
         msg = {"kind": "hb", "rejected": 0, "live": w.live, "busy": 1}
         t = time.perf_counter()

@@ -72,7 +72,7 @@ def plan(a) -> list[dict]:
 
 
 def run_one(r: dict, out_root: str) -> dict:
-    from dora.runtime.launch import execute, load_graph
+    from dora.rl.launch import execute, load_graph
     name, k = parse_mode(r["mode"])
     ov = list(r["overrides"]) + [f"async.mode={name}", f"nodes.train.params.steps={r['steps']}"]
     if k is not None:

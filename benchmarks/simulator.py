@@ -17,7 +17,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dora.runtime.rollout import MODES  # noqa: E402
+from dora.rl.rollout import POLICIES  # noqa: E402
+
+MODES = POLICIES.names()
 from dora.sim.simulator import SimConfig, ideal, simulate  # noqa: E402
 
 # The paper's table (DORA.md): (GPUs, mode) -> (rollout-only share, step minutes, tokens/s); None = not given.

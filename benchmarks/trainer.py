@@ -51,7 +51,8 @@ def rank_main(env, a, data: list[list[dict]], threads: int) -> dict:
     import pyarrow as pa
     import torch
 
-    from dora.graph.opspec import fill_params, resolve_op
+    from dora.graph.op_registry import resolve_op
+    from dora.graph.opspec import fill_params
     from dora.graph.sections import AsyncSettings
     from dora.ops.base import OpContext
     from dora.ops.update import UpdateOp

@@ -29,10 +29,10 @@ examples:
 
 # subcommands implemented elsewhere, imported only when used: name -> (module, function)
 DISPATCH = {
-    "run": ("dora.runtime.launch", "run_main"),
+    "run": ("dora.rl.launch", "run_main"),
     "simulate": ("dora.sim.simulate_cli", "simulate_main"),
-    "dashboard": ("dora.runtime.dashboard.read_run", "dashboard_main"),
-    "plot": ("dora.runtime.plot_runs", "plot_main"),
+    "dashboard": ("dora.observe.dashboard.read_run", "dashboard_main"),
+    "plot": ("dora.observe.plot_runs", "plot_main"),
 }
 
 
@@ -127,7 +127,7 @@ def _param_line(ps) -> str:
 
 def cmd_ops(args: argparse.Namespace) -> int:
     from dora.graph.model import AsyncConfig, RunConfig
-    from dora.graph.opspec import builtin_ops
+    from dora.graph.op_registry import builtin_ops
     from dora.graph.sections import section_specs
 
     ops = builtin_ops()

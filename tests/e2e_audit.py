@@ -24,7 +24,7 @@ SHORT = ["nodes.rollout.params.max_tokens=48", "nodes.rollout.params.max_batch=4
 
 def dora_run(out: Path, pipeline: str | Path, *overrides: str, deadline: float = 300.0) -> int:
     """`dora run PIPELINE OVERRIDES --out OUT --quiet --deadline D`, in this process; the exit code."""
-    from dora.runtime.launch import run_main
+    from dora.rl.launch import run_main
     path = Path(pipeline)
     if not path.is_absolute() and not path.exists():
         path = PIPELINES / path
@@ -48,7 +48,7 @@ class RunDir:
 
 
 def check_metrics(run: RunDir, steps: int, train_batch: int) -> None:
-    from dora.runtime.metrics import REQUIRED_KEYS
+    from dora.observe.metrics import REQUIRED_KEYS
     assert [r["step"] for r in run.metrics] == list(range(1, steps + 1)), run.describe()
     for r in run.metrics:
         missing = [k for k in REQUIRED_KEYS if k not in r]

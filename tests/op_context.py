@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dora.graph.opspec import fill_params, resolve_op
+from dora.graph.op_registry import resolve_op
+from dora.graph.opspec import fill_params
 from dora.graph.sections import AsyncSettings
 from dora.ops.base import OpContext
 

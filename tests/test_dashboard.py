@@ -18,11 +18,11 @@ import pytest
 from dora.graph.viz import figure
 from dora.graph.viz.svg import svg_python
 from dora.graph.yaml_io import load_graph
-from dora.runtime.dashboard.page import page_html
-from dora.runtime.dashboard.read_run import load_state
-from dora.runtime.dashboard.server import DashboardServer
-from dora.runtime.dashboard.state import RATE_WINDOW_S, Rates, RunState
-from dora.runtime.dashboard.timeline import timeline_of_trace
+from dora.observe.dashboard.page import page_html
+from dora.observe.dashboard.read_run import load_state
+from dora.observe.dashboard.server import DashboardServer
+from dora.observe.dashboard.state import RATE_WINDOW_S, Rates, RunState
+from dora.observe.dashboard.timeline import timeline_of_trace
 from dora.runtime.run_controller import Controller
 from tests.e2e_audit import PIPELINES, ROOT
 from tests.runtime_graphs import pipeline

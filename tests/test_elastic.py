@@ -13,7 +13,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from dora.graph.yaml_io import load_graph
 from dora.ops.engines.engine import SamplingRequest
 from dora.ops.engines.torch_engine import TorchEngine
-from dora.runtime.placement import plan
+from dora.rl.elastic_lending import elastic_spares
+from dora.runtime.placement import plan as place
 from e2e_audit import PIPELINES, RunDir, check_accounting, check_ledger, check_trace, dora_run
 from engine_helpers import drain
 
@@ -47,14 +48,16 @@ def test_sleep_releases_weights_and_kv_and_wake_then_load_generates_the_same(tie
     with pytest.raises(RuntimeError, match="export them first"):
         eng.sleep()
     eng.export(["busy"])
-    held = sum(p.numel() * p.element_size() for p in eng.model.parameters())
-    assert eng.sleep() == held > 0
-    assert all(p.numel() == 0 for p in eng.model.parameters()) and eng.batch is None
+    weights_bytes = sum(v.numel() * v.element_size() for k, v in weights.items() if not (tied and k == "lm_head.weight"))
+    assert eng.weight_bytes() == weights_bytes
+    kv_bytes = eng.runner.kv.nbytes
+    assert eng.sleep() == weights_bytes + kv_bytes and kv_bytes > 0
+    assert eng.weight_bytes() == 0 and eng.runner.kv.nbytes == 0
     with pytest.raises(RuntimeError, match="asleep"):
         eng.submit(SamplingRequest("x", [3], 0))
     with pytest.raises(RuntimeError, match="asleep"):
         eng.load_weights(1, weights)
-    assert eng.wake() == held
+    assert eng.wake() == weights_bytes + eng.runner.kv.nbytes and eng.weight_bytes() == weights_bytes
     with pytest.raises(RuntimeError, match="without weights"):
         eng.submit(SamplingRequest("x", [3], 0))
     eng.load_weights(0, weights)
@@ -63,6 +66,11 @@ def test_sleep_releases_weights_and_kv_and_wake_then_load_generates_the_same(tie
     assert {u: r for u, (r, _) in got.items()} == {u: r for u, (r, _) in expected.items()}
     for u, (_, lps) in got.items():
         assert torch.allclose(torch.tensor(lps), torch.tensor(expected[u][1]), atol=1e-5)
+
+
+def plan(graph):
+    """The run's placement: elastic spares are the RL layer's to ask for."""
+    return place(graph, spares=elastic_spares(graph))
 
 
 def test_spare_is_placed_on_the_trainer_devices():
@@ -127,6 +135,6 @@ def test_run_lends_the_trainer_devices_and_hands_them_back_before_each_step(tmp_
 
 
 def test_run_refuses_elastic_on_ray_with_exit_2(capsys):
-    from dora.runtime.launch import run_main
+    from dora.rl.launch import run_main
     assert run_main([str(PIPELINES / "quickstart.yaml"), "async.elastic=true", "--backend", "ray", "--dry-run"]) == 2
     assert "local backend only" in capsys.readouterr().err

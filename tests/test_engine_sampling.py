@@ -55,3 +55,18 @@ def test_greedy_rows_mixed_with_sampled_rows():
         toks, lps = sample(logits, torch.tensor([0.0, 1.0]), torch.ones(2), torch.zeros(2, dtype=torch.long), gen)
         assert toks[0].item() == 1
         assert abs(lps[0].item() - torch.log_softmax(logits[0], -1)[1].item()) < 1e-6
+
+
+def test_the_engine_path_draws_the_same_without_reading_the_device():
+    """The engine passes a SamplePlan built from the requests (no host sync) and its parameters in one
+    tensor: the same draws as the plain call."""
+    from dora.ops.engines.sampling import SamplePlan, sampling_tensors
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(3))
+    temps, top_ps, top_ks = [0.0, 1.0, 0.7, 1.2, 0.0, 1.0], [1.0, 0.9, 1.0, 0.5, 1.0, 1.0], [0, 0, 5, 0, 3, 0]
+    plain = sample(logits, torch.tensor(temps), torch.tensor(top_ps), torch.tensor(top_ks),
+                   torch.Generator().manual_seed(9))
+    planned = sample(logits, *sampling_tensors(temps, top_ps, top_ks, torch.device("cpu")),
+                     torch.Generator().manual_seed(9), SamplePlan.of(temps, top_ps, top_ks))
+    assert torch.equal(plain[0], planned[0]) and torch.equal(plain[1], planned[1])
+    assert SamplePlan.of(temps, top_ps, top_ks) == SamplePlan(all_greedy=False, any_greedy=True, truncate=True)
+    assert SamplePlan.of([0.0], [1.0], [0]) == SamplePlan(all_greedy=True, any_greedy=True, truncate=False)

@@ -49,10 +49,10 @@ def test_continuous_batching_matches_each_request_alone(model):
     seen_mixed = False
     out = {}
     while eng.has_work():
-        before = {s.req.uid: len(s.response) for s in eng.running}
+        before = {s.req.uid: len(s.response) for s in eng.sched.running}
         for c in eng.step():
             out[c.uid] = c
-        joined = [s for s in eng.running if s.req.uid not in before]
+        joined = [s for s in eng.sched.running if s.req.uid not in before]
         # a request joined while another one was mid-generation: not batch-synchronous
         seen_mixed |= bool(joined) and any(n > 0 for n in before.values())
         assert eng.stats().active <= 4
@@ -146,6 +146,7 @@ def test_interrupt_load_new_version_and_resume(model, tmp_path):
         eng.submit(SamplingRequest(f"r{i}", p, 0, max_tokens=10, temperature=0.0))
     for _ in range(4):
         eng.step()
+    addresses = {k: v.data_ptr() for k, v in eng.weights().items()}
     with pytest.raises(RuntimeError, match="interrupt_all"):
         eng.load_weights(1, path)
     states = eng.interrupt_all()
@@ -161,10 +162,11 @@ def test_interrupt_load_new_version_and_resume(model, tmp_path):
         ref = teacher_forced_logprobs(new_model, c.prompt_ids, c.response_ids, 1.0)[4:]
         assert (ref - torch.tensor(c.logprobs[4:])).abs().max().item() < 1e-4
     assert eng.stats().reprefill_tokens == sum(len(s.request.prompt_ids) + 3 for s in states)
-    # and the engine's weights are now exactly the new ones
-    for (k, v), (_, w) in zip(model.state_dict().items(), new_model.state_dict().items()):
-        assert torch.equal(v, w), k
-    eng.load_weights(0, {k: v for k, v in tiny_llama().state_dict().items()})   # restore for other tests
+    # and the engine's weights are now exactly the new ones, loaded in place (same storage)
+    new_weights = new_model.state_dict()
+    for k, v in eng.weights().items():
+        assert torch.equal(v, new_weights[k]), k
+        assert v.data_ptr() == addresses[k], k
 
 
 def test_abort_and_bad_input(model):
@@ -203,9 +205,16 @@ def test_wire_rejects_bad_frames(model):
     with pytest.raises(ValueError, match="keys"):
         state_from_wire({"request": {}}, [])
     st = state_from_wire(d, frames)
-    st.kv = [(k[:, :1], v[:, :1]) for k, v in st.kv]
-    with pytest.raises(ValueError, match="shape"):
-        eng.import_([st])
+    kv = st.kv
+    # KV may cover a prefix of the tokens (an export mid-prefill), never more, and k and v agree
+    for bad in ([(k[:, :, :-1], v[:, :, :-1]) for k, v in kv],                       # head size
+                [(k[:1], v[:1]) for k, v in kv],                                      # KV heads
+                [(torch.cat([k, k[:, :1]], 1), torch.cat([v, v[:, :1]], 1)) for k, v in kv],   # the last token too
+                [(k, v[:, :1]) for k, v in kv]):                                      # k and v differ
+        st.kv = bad
+        with pytest.raises(ValueError, match="shape"):
+            eng.import_([st])
+    assert not eng.has_work()
 
 
 def test_qwen2_model_and_stats():
@@ -219,7 +228,7 @@ def test_qwen2_model_and_stats():
     eng.step()
     s = eng.stats()
     assert (s.active, s.queued, s.kv_tokens_capacity) == (4, 1, 4 * 256)
-    assert s.kv_tokens_used == sum(len(x.req.prompt_ids) for x in eng.running)
+    assert s.kv_tokens_used == sum(len(x.req.prompt_ids) for x in eng.sched.running)
     out = drain(eng)
     for c in out.values():
         ref = teacher_forced_logprobs(m, c.prompt_ids, c.response_ids, 0.8)
@@ -247,12 +256,12 @@ def test_random_interleavings_of_submit_abort_export_import(model):
         if act < 0.3 and pending:
             i = pending.pop(0)
             e.submit(SamplingRequest(f"r{i}", prompts[i], 0, max_tokens=lengths[i], temperature=0.0))
-        elif act < 0.4 and e.running:
-            uids = [s.req.uid for s in rnd.sample(e.running, k=min(2, len(e.running)))]
+        elif act < 0.4 and e.sched.running:
+            uids = [s.req.uid for s in rnd.sample(e.sched.running, k=min(2, len(e.sched.running)))]
             other = engines[1 - engines.index(e)]
             other.import_(_wire_roundtrip(e.export(uids)))
-        elif act < 0.43 and e.running:
-            aborted.add(e.abort(rnd.choice(e.running).req.uid).uid)
+        elif act < 0.43 and e.sched.running:
+            aborted.add(e.abort(rnd.choice(e.sched.running).req.uid).uid)
         else:
             for c in e.step():
                 out[c.uid] = c

@@ -12,6 +12,7 @@ import torch
 
 from dora.graph.columns import COLUMNS
 from dora.ops.generate import GenerateOp
+from dora.ops.models import load_policy
 from dora.ops.tokenizers import CharTokenizer
 from dora.ops.tools.search_tool import SearchTool
 from engine_helpers import teacher_forced_logprobs
@@ -73,6 +74,7 @@ def test_token_in_token_out_masks_and_observations():
     op.process(prompts("abcdefgh"), "prompts")
     rows = drain(op)
     search = SearchTool("search", corpus=None, top_k=3, max_output_chars=30)
+    policy, _ = load_policy(MODEL, "cpu", seed=0)   # the generate replica's weights: a function of config and seed
     assert len(rows) == 8 and max(r["turns"] for r in rows) >= 2 and sum(r["tool_calls"] for r in rows) >= 2
     for r in rows:
         ids, mask, lps = r["response_ids"], r["response_mask"], r["behavior_logprobs"]
@@ -80,7 +82,7 @@ def test_token_in_token_out_masks_and_observations():
         turns = model_turns(mask)
         assert len(turns) == r["turns"] and r["tool_errors"] == 0 and r["finish_reason"] in ("stop", "length")
         # the model was conditioned on exactly prompt + response: a teacher-forced pass reproduces its logprobs
-        want = teacher_forced_logprobs(op.engine.model, r["prompt_ids"], ids, 1.0)
+        want = teacher_forced_logprobs(policy, r["prompt_ids"], ids, 1.0)
         model = torch.tensor(mask, dtype=torch.bool)
         assert torch.allclose(torch.tensor(lps)[model], want[model], atol=1e-4)
         assert all(lp == 0.0 for lp, m in zip(lps, mask) if m == 0)

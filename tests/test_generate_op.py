@@ -103,7 +103,7 @@ def test_export_import_between_replicas_then_load_version(tmp_path):
 
     # a new version: interrupt, load, resume; tokens after the switch carry version 1
     torch.manual_seed(3)
-    sd = {k: torch.randn_like(v) * 0.05 for k, v in a.engine.model.state_dict().items()}
+    sd = {k: torch.randn_like(v) * 0.05 for k, v in a.engine.weights().items()}
     path, _ = save_version(sd, str(tmp_path), 1)
     a.process(prompts(2), "prompts")
     a.poll()
@@ -140,11 +140,11 @@ def test_elastic_spare_starts_asleep_and_serves_after_wake_and_load(tmp_path):
     then it generates what replica 0 generates with the same weights (greedy)."""
     from dora.ops.weights.versions import save_version
     ref, _ = make_op(0, temperature=0.0, max_tokens=8)
-    path, _ = save_version(ref.engine.model.state_dict(), str(tmp_path), 0)
+    path, _ = save_version({k: v.clone() for k, v in ref.engine.weights().items()}, str(tmp_path), 0)
     ref.process(prompts(2), "prompts")
     want = {r["uid"]: r["response_ids"] for r in pa.Table.from_batches(run(ref)).to_pylist()}
     spare, _ = make_op(2, temperature=0.0, max_tokens=8)          # replicas=2: index 2 is a spare
-    assert spare.ctx.elastic_spare and all(p.numel() == 0 for p in spare.engine.model.parameters())
+    assert spare.ctx.elastic_spare and spare.engine.weight_bytes() == 0
     with pytest.raises(RuntimeError, match="asleep"):
         spare.process(prompts(2), "prompts")
     assert not spare.in_flight
@@ -153,4 +153,22 @@ def test_elastic_spare_starts_asleep_and_serves_after_wake_and_load(tmp_path):
     spare.process(prompts(2), "prompts")
     got = {r["uid"]: r["response_ids"] for r in pa.Table.from_batches(run(spare)).to_pylist()}
     assert got == want
-    assert spare.call("sleep", {})["bytes"] > 0 and all(p.numel() == 0 for p in spare.engine.model.parameters())
+    assert spare.call("sleep", {})["bytes"] > 0 and spare.engine.weight_bytes() == 0
+
+
+def test_torch_engine_dtype_kv_budget_and_stats_reach_the_op():
+    op, _ = make_op(dtype="bfloat16", kv_cache_gb=0.01)
+    assert op.engine.dtype == torch.bfloat16
+    op.process(prompts(4), "prompts")
+    run(op)
+    stats = op.call("stats", {})
+    assert stats["prefill_tokens"] > 0 and stats["kv_blocks_used"] == 0 and stats["kv_blocks_free"] > 0
+    assert {"prefix_hit_tokens", "parked_requests", "parked_dropped"} <= set(stats) and op.live_stats() == stats
+    with pytest.raises(ValueError, match="kv_cache_gb' must be >= 0.001"):
+        make_op(kv_cache_gb=0.00001)
+    from dora.graph.op_registry import resolve_op
+    from dora.graph.opspec import fill_params
+    from dora.ops.generate import check_params
+    base = fill_params(resolve_op("generate"), {"weight_sync": "file", "dtype": "bfloat16", "kv_cache_gb": None})
+    assert check_params({**base, "engine": "torch"}) == [] and check_params({**base, "engine": "vllm"}) == []
+    assert check_params({**base, "engine": "vllm", "kv_cache_gb": 2.0})[0][0] == "kv_cache_gb"

@@ -7,7 +7,10 @@ from pathlib import Path
 from hypothesis import strategies as st
 
 from dora.graph.builtin_ops import BUILTIN_OPS
-from dora.graph.model import ASYNC_MODES, AsyncConfig, Edge, Graph, Node, Pool, RunConfig, WeightsEdge
+from dora.graph.model import AsyncConfig, Edge, Graph, Node, Pool, RunConfig, WeightsEdge
+from dora.rl.rollout import POLICIES
+
+ASYNC_MODES = POLICIES.names()
 from dora.graph.validate import check_file
 
 BASE = """\
@@ -116,7 +119,7 @@ def valid_graphs(draw) -> Graph:
     engine = "torch" if sync == "broadcast" else draw(st.sampled_from(["torch", "vllm"]))
     fixed = {"dataset": {"group_size": group},
              "generate": {"weight_sync": sync, "engine": engine,
-                          "dtype": draw(st.sampled_from(["float32", "bfloat16"])) if engine == "vllm" else "float32",
+                          "dtype": draw(st.sampled_from(["float32", "bfloat16"])),
                           # single-turn, or multi-turn with a tool (whose rules tie these together)
                           **draw(st.sampled_from([{"max_turns": 1, "tools": []},
                                                   {"max_turns": 3, "tools": [{"name": "search", "top_k": 2}],

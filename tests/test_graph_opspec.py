@@ -9,7 +9,8 @@ import re
 import pytest
 
 from dora.graph.builtin_ops import BUILTIN_OPS
-from dora.graph.opspec import OpError, OpSpec, ParamError, ParamSpec, PortSpec, fill_params, resolve_op
+from dora.graph.op_registry import resolve_op
+from dora.graph.opspec import OpError, OpSpec, ParamError, ParamSpec, PortSpec, fill_params
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "architecture.md")
 

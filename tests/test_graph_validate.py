@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 
 import pytest
 
 from dora.graph.diagnostics import GraphError
-from dora.graph.validate import load_and_validate, validate
+from dora.graph.validate import check_file, load_and_validate, validate
 from test_graph_helpers import BASE, diagnose, errors, line_of, write
 
 
@@ -249,7 +250,7 @@ def test_async_settings_out_of_range_all_reported(tmp_path):
     text = BASE.replace("{mode: sync, max_staleness: 1, rollout_batch: 16, train_batch: 16}", "{mode: turbo, max_staleness: -1, rollout_batch: 16, train_batch: 0}")
     msgs = [d.format() for d in errors(tmp_path, text)]
     assert len(msgs) == 3, msgs
-    assert any("async.mode must be one of" in m and "got 'turbo'" in m for m in msgs)
+    assert any("async.mode: unknown name 'turbo' (one of sync, one_step_off, partial, dora)" in m for m in msgs)
     assert any("async.train_batch must be >= 1, got 0" in m for m in msgs)
     assert any("async.max_staleness must be >= 0, got -1" in m for m in msgs)
 
@@ -358,3 +359,16 @@ def test_formatter_shape():
     """), "just a string\n", ""])
 def test_wrong_shapes_are_errors_not_tracebacks(tmp_path, snippet):
     assert errors(tmp_path, snippet)
+
+
+def test_a_model_the_torch_engine_cannot_run_is_refused_naming_the_node(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    folder = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, bos_token_id=0, eos_token_id=0)).save_pretrained(folder)
+    quickstart = os.path.join(os.path.dirname(__file__), "..", "pipelines", "quickstart.yaml")
+    graph, diags = check_file(quickstart, [f"model.path={folder}"])
+    errs = [d for d in diags if d.severity == "error"]
+    assert len(errs) == 1 and errs[0].node == "rollout", [d.format() for d in diags]
+    assert "engine torch cannot run this model: architecture 'gpt2'" in errs[0].message
+    assert errs[0].loc.line is not None   # the generate node's engine line (its default: the node's own line)

@@ -10,7 +10,7 @@ import pytest
 from dora.graph import loggers
 from dora.graph.diagnostics import errors_of
 from dora.graph.validate import check_file
-from dora.runtime.metric_sinks import open_sinks, write_to
+from dora.observe.metric_sinks import open_sinks, write_to
 from tests.e2e_audit import PIPELINES, SHORT, dora_run
 
 QUICKSTART = str(PIPELINES / "quickstart.yaml")

@@ -136,7 +136,7 @@ def test_multiturn_rows_survive_a_run_checkpoint_and_train(tmp_path):
     a resume trains first) and read back, keep their masks aligned and train on model tokens; a
     misaligned mask fails the step naming the trajectory."""
     from dora.ops.generate import GenerateOp
-    from dora.runtime import checkpoint
+    from dora.rl import checkpoint
     from test_generate_multiturn import GREEDY, MODEL, prompts
 
     gen = GenerateOp()

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from dora.graph.diagnostics import errors_of
 from dora.graph.model import AsyncConfig, RunConfig
-from dora.graph.opspec import resolve_op
+from dora.graph.op_registry import resolve_op
 from dora.graph.sections import section_specs
 from dora.graph.validate import check_file
 from dora.graph.yaml_io import load_graph
@@ -65,9 +65,11 @@ def _run_start_up(path: str, overrides: list[str]) -> None:
     import msgpack
 
     from dora.graph.resolve import resolve
-    from dora.runtime.launch import run_main
+    from dora.rl.launch import run_main
+    from dora.rl.driver import RLDriver
+    from dora.rl.elastic_lending import elastic_spares
+    from dora.rl.roles import RLRoles
     from dora.runtime.placement import format_plan, plan
-    from dora.runtime.rl_driver import RLDriver, RLRoles
     from dora.runtime.run_controller import Controller
 
     out = io.StringIO()
@@ -76,13 +78,13 @@ def _run_start_up(path: str, overrides: list[str]) -> None:
     assert code == 0, out.getvalue()
     g = load_graph(path, overrides)
     r = resolve(g)
-    format_plan(plan(g), "local")
+    format_plan(plan(g, spares=elastic_spares(g)), "local")
     roles = RLRoles.find(g, r.op_of)
     if roles is not None:
         RLDriver(r, roles, metrics=None, progress=None)
-    ctrl = Controller(g, resolved=r)
+    ctrl = Controller(g, resolved=r, spares=elastic_spares(g))
     for w in ctrl.workers.values():
-        msgpack.packb(ctrl._config(w))
+        msgpack.packb(ctrl.startup.config(w))
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -143,15 +143,15 @@ def test_a_run_dir_held_by_a_live_run_is_refused_untouched(tmp_path):
 @pytest.mark.parametrize("flag, value", [("--deadline", "-5"), ("--stall-timeout", "0"), ("--start-timeout", "nan"),
                                          ("--seed", "-1"), ("--hb-timeout", "soon")])
 def test_bad_numbers_on_the_command_line_exit_2(flag, value, capsys):
-    from dora.runtime.launch import run_main
+    from dora.rl.launch import run_main
 
     assert run_main([str(ROOT / "pipelines" / "quickstart.yaml"), flag, value, "--dry-run"]) == 2
     assert flag in capsys.readouterr().err
 
 
 def test_a_driver_error_is_a_named_failure_with_a_summary(tmp_path, monkeypatch):
-    from dora.runtime.launch import run_main
-    from dora.runtime.rl_driver import RLDriver
+    from dora.rl.launch import run_main
+    from dora.rl.driver import RLDriver
 
     def broken(self, ev):
         raise ZeroDivisionError("bookkeeping bug")

@@ -143,7 +143,7 @@ def test_local_backend_defaults_to_ipc_and_obeys_DORA_TRANSPORT(monkeypatch):
 
 
 def test_ipc_socket_paths_fit_a_unix_socket():
-    from dora.runtime.worker import IPC_PATH_MAX, ipc_socket_path
+    from dora.runtime.worker_setup import IPC_PATH_MAX, ipc_socket_path
     assert ipc_socket_path("/tmp/dora-ipc-x", "gen", 1) == "/tmp/dora-ipc-x/gen-1.sock"
     long_node = "n" * 200
     p1, p2 = ipc_socket_path("/tmp/dora-ipc-x", long_node, 0), ipc_socket_path("/tmp/dora-ipc-x", long_node, 1)

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from dora.runtime.rollout import TraceWriter
-from dora.runtime.rollout.types import Request, RequestState
+from dora.observe.trace import TraceWriter
+from dora.rl.rollout.types import Request, RequestState
 from dora.sim.virtual_clock import VirtualClock
 from dora.sim.costmodel import MODELS, CostModel
 from dora.sim.sim_instance import SimInstance

@@ -139,14 +139,14 @@ def test_generate_op_loads_broadcast_versions_and_falls_back_to_the_file(tmp_pat
         got = op.load_version(1, str(tmp_path / "no-such-file.safetensors"))   # from memory: the path is never read
         assert got["source"] == "broadcast" and op.engine.version == 1
         want = load_policy(GEN_MODEL, "cpu", seed=5)[0].state_dict()
-        assert all(torch.equal(t, want[k]) for k, t in op.engine.model.state_dict().items())
+        assert all(torch.equal(t, want[k]) for k, t in op.engine.weights().items())
         # a version never broadcast: after the (shortened) wait, the file is loaded instead
         monkeypatch.setattr(generate, "BROADCAST_WAIT_S", 0.2)
         other = load_policy(GEN_MODEL, "cpu", seed=6)[0].state_dict()
         path, _ = weights.save_version(other, str(tmp_path), 2)
         got = op.load_version(2, path)
         assert got["source"] == "file" and op.engine.version == 2
-        assert all(torch.equal(t, other[k]) for k, t in op.engine.model.state_dict().items())
+        assert all(torch.equal(t, other[k]) for k, t in op.engine.weights().items())
         assert op.loads_by_source == {"file": 1, "broadcast": 1}
         release.set()
         proc.join(DEADLINE_S)

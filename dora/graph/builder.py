@@ -20,7 +20,8 @@ from typing import Any
 
 from dora.graph.diagnostics import Diagnostic
 from dora.graph.model import AsyncConfig, Edge, Graph, Node, Pool, RunConfig, WeightsEdge
-from dora.graph.opspec import OpError, resolve_op
+from dora.graph.op_registry import resolve_op
+from dora.graph.opspec import OpError
 
 WEIGHTS_PORT = "weights"
 

@@ -60,8 +60,10 @@ GENERATE = OpSpec(
         P("max_batch", "int", 64, "maximum concurrent sequences per replica", min=1),
         P("weight_sync", "str", "file", "how new weights arrive: safetensors file, or torch.distributed broadcast from the trainer",
           choices=("file", "broadcast")),
-        P("dtype", "str", "float32", "vllm engine: weights and compute dtype (bfloat16 on GPUs; the torch engine "
-          "computes in float32)", choices=("float32", "bfloat16", "float16")),
+        P("dtype", "str", "float32", "weights, KV cache and compute dtype (bfloat16 on GPUs)",
+          choices=("float32", "bfloat16", "float16")),
+        P("kv_cache_gb", "float?", None, "torch engine: GiB of KV cache per replica (null: on a GPU 0.9 of its memory "
+          "less weights and workspace; on CPU room for max_batch requests of the model's context)", min=0.001),
         # multi-turn rollouts with tools (dora/ops/multiturn, dora/ops/tools); max_turns 1 = single-turn
         P("max_turns", "int", 1, "model turns per trajectory (> 1 needs tools: each turn that calls a tool gets its "
           "observation and another turn); max_tokens then bounds each turn", min=1),

@@ -5,7 +5,7 @@
 metrics.jsonl is the run's own record (summary, dashboard, plots and resume read it), so it is
 always written; `jsonl` names it so a list can be explicit. The others are optional packages:
 a name that is unknown, or whose package is not installed, is an error here, before anything
-starts. The writers live in dora/runtime/metric_sinks.py; the setting is declared in RunConfig.
+starts. The writers live in dora/observe/metric_sinks.py; the setting is declared in RunConfig.
 """
 
 from __future__ import annotations

@@ -2,23 +2,25 @@
 
 One line per pool, one per node (name = op(inputs), replicas and devices, pool; non-default edge options in
 brackets), one per weights edge, then the async and run sections. Text only: the YAML stays the
-round-trip format (dora.graph.yaml_io).
+round-trip format (dora.graph.yaml_io). It reads the model's objects (dora.graph.model, whose
+Graph.__str__ calls format_graph) without importing that module.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from dora.graph.model import Edge, Graph, Node
+from dora.graph.op_registry import builtin_ops
 from dora.graph.sections import section_specs
 
+EDGE_OPTIONS = ("group_by", "routing", "capacity", "capacity_bytes")
 
-def scale_text(n: Node) -> str:
+
+def scale_text(n: Any) -> str:
     """How many of a node run and on what: "x2", "x2, 4 devices each" (a TP group per replica),
     "x4 ranks" (a sharded op: one process group of 4 ranks). Built-in ops only are looked up:
     printing never imports a user op."""
-    from dora.graph.opspec import builtin_ops
-
     spec = builtin_ops().get(n.op) if isinstance(n.op, str) else None
     if spec is not None and spec.sharded and n.replicas != 1:
         text = f"x{n.replicas} ranks"
@@ -29,10 +31,9 @@ def scale_text(n: Node) -> str:
     return text
 
 
-def _edge(port: str, e: Edge) -> str:
-    default = Edge("", "", "", "")
-    opts = [f"{k}={getattr(e, k)}" for k in ("group_by", "routing", "capacity", "capacity_bytes")
-            if getattr(e, k) != getattr(default, k)]
+def _edge(port: str, e: Any) -> str:
+    default = {f.name: f.default for f in dataclasses.fields(e)}
+    opts = [f"{k}={getattr(e, k)}" for k in EDGE_OPTIONS if getattr(e, k) != default[k]]
     src = e.src if e.src_port == "out" else f"{e.src}/{e.src_port}"
     return f"{port}={src}" + (f" [{', '.join(opts)}]" if opts else "")
 
@@ -46,7 +47,8 @@ def _section(obj: Any, keys: tuple[str, ...]) -> str:
     return ", ".join(f"{k}={getattr(obj, k)}" for k in keys)
 
 
-def format_graph(g: Graph) -> str:
+def format_graph(g: Any) -> str:
+    """`g`: a dora.graph.model.Graph."""
     lines = [f"graph {g.name}:"]
     if g.pools:
         lines.append(" pools:")

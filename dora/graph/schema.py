@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 from dora.graph.model import Edge, Graph
-from dora.graph.opspec import OpError, OpSpec, ParamError, fill_params, resolve_op
+from dora.graph.op_registry import resolve_op
+from dora.graph.opspec import OpError, OpSpec, ParamError, fill_params
 
 
 @dataclasses.dataclass

@@ -4,9 +4,12 @@ AsyncConfig and RunConfig (dora.graph.model) declare each setting once, as a dat
 by `opspec.setting`; `section_specs` reads those fields back as ParamSpecs, so YAML keys,
 validation and `dora ops` all come from the one declaration.
 
-`resolve_async` applies the mode's rules (sync forces K = 0, one_step_off K = 1, a rollout batch of
-0 takes the mode's default) and checks the group arithmetic. Its result, AsyncSettings, is what
-ops, the RL driver and the rollout control code see: never the section as written.
+The modes are the RL layer's rollout policies: `async.mode` takes its names from MODES_FROM (the
+policy registry, imported by path like an op's impl, when a pipeline is checked), and each policy
+declares its rules (a fixed K or none, whole-batch dispatch). `resolve_async` applies them (sync
+forces K = 0, one_step_off K = 1, a rollout batch of 0 takes the mode's default) and checks the
+group arithmetic. Its result, AsyncSettings, is what ops, the RL driver and the rollout control
+code see: never the section as written.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import dataclasses
 import functools
 from typing import Any
 
-from dora.graph.model import ASYNC_MODES as MODES
-from dora.graph.opspec import ParamSpec
+from dora.graph.opspec import ParamSpec, import_object
+
+MODES_FROM = "dora.rl.rollout.policies:POLICIES"   # async.mode names: the rollout policies
 
 _TYPES = {"int": "int", "float": "float", "bool": "bool", "str": "str", "list": "list", "dict": "dict"}
 
@@ -64,28 +68,30 @@ class AsyncSettings:
 def resolve_mode(mode: str, max_staleness: int, rollout_batch: int, train_batch: int, group_size: int) -> tuple[int, int]:
     """(K, RBS) as `mode` runs them; ModeError when the mode cannot run these numbers.
 
-    The one place these rules live: validation, the RL driver and the simulator all call it.
+    The one place these rules are applied (each mode declares its own on its policy): validation,
+    the RL driver and the simulator all call it.
     """
-    if mode not in MODES:
-        raise ModeError("mode", f"unknown rollout mode {mode!r}; expected one of {', '.join(MODES)}")
+    policies = import_object(MODES_FROM)
+    if mode not in policies:
+        raise ModeError("mode", f"unknown rollout mode {mode!r}; expected one of {', '.join(policies.names())}")
+    policy = policies[mode]
     if group_size < 1:
         raise ModeError("group_size", f"group_size must be >= 1, got {group_size}")
     if train_batch < group_size or train_batch % group_size:
         fit = max(group_size, train_batch - train_batch % group_size)
         raise ModeError("train_batch", f"train_batch {train_batch} is not a multiple of group_size {group_size}: "
                                        f"a step trains whole groups (C2); use {fit}")
-    if mode == "sync":
-        return 0, train_batch
-    if mode == "one_step_off":
-        return 1, train_batch
-    if max_staleness < 1:
+    if policy.staleness is None and max_staleness < 1:
         raise ModeError("max_staleness", f"mode {mode} needs max_staleness >= 1 (it overlaps rollout with "
                                          f"training), got {max_staleness}; use mode sync for K = 0")
+    k = max_staleness if policy.staleness is None else policy.staleness
+    if policy.batch_dispatch:
+        return k, train_batch
     rbs = rollout_batch or train_batch + train_batch // 2
     if rbs < train_batch or rbs % group_size:
         raise ModeError("rollout_batch", f"rollout_batch {rbs} must be a multiple of group_size {group_size} "
                                          f"and >= train_batch {train_batch}")
-    return max_staleness, rbs
+    return k, rbs
 
 
 def resolve_async(cfg: Any, group_size: int | None) -> AsyncSettings:

@@ -14,8 +14,9 @@ import networkx as nx
 
 from dora.graph.diagnostics import Diagnostic, GraphError, error, errors_of, warning
 from dora.graph.model import ROUTINGS, Graph
-from dora.graph.opspec import OpSpec, builtin_ops, did_you_mean, fill_params, import_object, param_problems
-from dora.graph.resolve import settings_problems
+from dora.graph.op_registry import builtin_ops
+from dora.graph.opspec import OpSpec, did_you_mean, fill_params, import_object, param_problems
+from dora.graph.settings_check import settings_problems
 from dora.graph.schema import Schemas, propagate, resolve_all
 
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")

@@ -239,8 +239,8 @@ def check_params(p: dict[str, Any]) -> list[tuple[str, str]]:
     """Rules across generate's params (dora validate runs them; see OpSpec.check)."""
     if p["weight_sync"] == "broadcast" and p["engine"] != "torch":
         return [("weight_sync", "weight_sync: broadcast needs engine: torch (vllm loads weights from files)")]
-    if p["dtype"] != "float32" and p["engine"] != "vllm":
-        return [("dtype", f"dtype {p['dtype']!r} applies to engine: vllm; the torch engine computes in float32")]
+    if p["kv_cache_gb"] is not None and p["engine"] != "torch":
+        return [("kv_cache_gb", "kv_cache_gb sizes the torch engine's KV pool; vllm sizes its own")]
     return multiturn_problems(p)
 
 
@@ -298,5 +298,6 @@ def make_engine(params: dict[str, Any], model_cfg: dict[str, Any], *, device: st
                                          sample_seed=sample_seed, run_dir=run_dir, label=label,
                                          tensor_parallel_size=devices, dtype=params["dtype"])
     from dora.ops.engines.torch_engine import TorchEngine
-    model, tok = load_policy(model_cfg, device, seed=model_seed)
-    return TorchEngine(model, version=0, max_batch=params["max_batch"], seed=sample_seed), tok
+    model, tok = load_policy(model_cfg, "cpu", seed=model_seed)   # the engine copies the weights onto `device`
+    return TorchEngine(model, version=0, max_batch=params["max_batch"], seed=sample_seed, device=device,
+                       dtype=params["dtype"], kv_cache_gb=params["kv_cache_gb"]), tok

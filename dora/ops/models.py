@@ -134,8 +134,9 @@ def load_policy(model_cfg: dict, device: str = "cpu", seed: int = 0):
     return model, tok
 
 
-def build_tiny(cfg: dict, tok: CharTokenizer, seed: int):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+def tiny_hf_config(cfg: dict, tok: CharTokenizer):
+    """The transformers config of a tiny model section (checked by tiny_config)."""
+    from transformers import LlamaConfig, Qwen2Config
 
     vocab = cfg["vocab"] or tok.vocab_size
     if vocab < tok.vocab_size:
@@ -148,12 +149,30 @@ def build_tiny(cfg: dict, tok: CharTokenizer, seed: int):
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
     )
     if cfg["arch"] == "llama":
-        hf_cfg, cls = LlamaConfig(**common), LlamaForCausalLM
-    else:
-        hf_cfg, cls = Qwen2Config(**common, use_sliding_window=False), Qwen2ForCausalLM
-    model = cls(hf_cfg).to(torch.float32)
+        return LlamaConfig(**common)
+    return Qwen2Config(**common, use_sliding_window=False)
+
+
+def build_tiny(cfg: dict, tok: CharTokenizer, seed: int):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(tiny_hf_config(cfg, tok)).to(torch.float32)
     seeded_init_(model, float(cfg["init_std"]), seed)
     return model
+
+
+def policy_hf_config(model_cfg: dict):
+    """The transformers config of a `model:` section without loading weights; None for a packaged
+    model not converted yet (its config is known only after conversion)."""
+    kind = model_kind(model_cfg)
+    if kind == "tiny":
+        return tiny_hf_config(tiny_config(model_cfg), CharTokenizer())
+    if kind == "name" and not os.path.isfile(os.path.join(cache_dir(), str(model_cfg["name"]), "config.json")):
+        return None
+    from transformers import AutoConfig
+
+    directory = _local_dir(model_cfg) if kind == "path" else os.path.join(cache_dir(), str(model_cfg["name"]))
+    return AutoConfig.from_pretrained(directory, local_files_only=True)
 
 
 @torch.no_grad()

@@ -123,7 +123,7 @@ class UpdateOp(ShardedOp):
         """Rank 0 (a control call, or at the end): every rank writes the step just trained.
 
         `folder`: the run's staged checkpoint, to which the driver adds the rest of the run state
-        (dora/runtime/checkpoint.py); None: checkpoints/step_N on its own (temp folder + rename).
+        (dora/rl/checkpoint.py); None: checkpoints/step_N on its own (temp folder + rename).
         """
         if self.step == 0 or (folder is None and self.last_saved_step == self.step):
             return {"step": self.step, "folder": None}

@@ -13,10 +13,10 @@ Per replica: gpu -> CUDA_VISIBLE_DEVICES=<its GPUs>, torch device "cuda:0" (a TP
 of them); cpu -> CUDA_VISIBLE_DEVICES="" and threads = devices x (slots / devices used in the pool),
 at least 1, which the worker applies to torch and the backend exports as OMP/MKL_NUM_THREADS.
 
-Elastic spares (`async.elastic`, see `elastic_spares`): the generate node gets extra replicas,
-numbered after its own, each on a share of the update node's devices (same pool, slots and threads
-as the trainer: they time-share them, never running at the same time, see
-dora/runtime/elastic_lending.py). They do not count as the pool's users.
+Spares (`Spares`, asked for by the caller: the RL layer's elastic lending, dora/rl/elastic_lending.py):
+a node gets extra replicas, numbered after its own, each on a share of a host node's devices (same
+pool, slots and threads as the host: they time-share them, never running at the same time). They
+do not count as the pool's users.
 
 A sharded op's replicas (update, critic, reference) are the ranks of ONE process group: rank r
 is replica r, rank 0 leads (it alone is wired to the data edges), and `Plan.data_replicas(node)` is
@@ -80,7 +80,7 @@ class ReplicaPlacement:
     env: dict[str, str]
     gpus: tuple[str, ...] = ()    # the inventory's GPU ids (what CUDA_VISIBLE_DEVICES lists)
     ranks: int = 0                # > 0: this replica is rank `replica` of a process group of `ranks`
-    spare: bool = False           # an elastic spare on the trainer's devices (asleep until lent)
+    spare: str | None = None      # a spare (Spares): the host node whose devices it borrows
     endpoint: str | None = None   # the replica's inbox, known once it is running
 
     @property
@@ -94,6 +94,17 @@ class ReplicaPlacement:
     @property
     def devices(self) -> int:
         return len(self.slots)
+
+
+@dataclasses.dataclass(frozen=True)
+class Spares:
+    """`count` extra replicas of `node`, each on a share of `host`'s devices (a share = the devices
+    one replica of `node` holds, across the host's ranks in order; on a cpu pool every spare gets
+    the host's slots). They time-share those devices with the host: never at the same time."""
+
+    node: str
+    host: str
+    count: int
 
 
 @dataclasses.dataclass
@@ -142,9 +153,11 @@ def gpu_shortfall(graph: Graph, inventory: Inventory) -> str | None:
             "(--dry-run shows the plan without GPUs)")
 
 
-def plan(graph: Graph, inventory: Inventory | None = None, sharded: set[str] | None = None) -> Plan:
+def plan(graph: Graph, inventory: Inventory | None = None, sharded: set[str] | None = None,
+         spares: Spares | None = None) -> Plan:
     """Where every replica runs. `inventory` defaults to Inventory.planned(graph); `sharded` (the
-    nodes whose replicas form one process group) defaults to what the ops declare."""
+    nodes whose replicas form one process group) defaults to what the ops declare; `spares` adds
+    spare replicas on a host node's devices."""
     inventory = inventory or Inventory.planned(graph)
     sharded = sharded_nodes(graph) if sharded is None else sharded
     pools = pools_of(graph, inventory.cpus)
@@ -187,7 +200,7 @@ def plan(graph: Graph, inventory: Inventory | None = None, sharded: set[str] | N
             env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
             out.append(ReplicaPlacement(name, r, pool.name, pool.device, slots, device, threads, env, gpus,
                                         groups.get(name, 0)))
-    out += _spare_placements(graph, out)
+    out += _spare_placements(graph, out, spares)
     p = Plan(pools, out, [], groups, inventory)
     for e in graph.edges:
         how = f"group_by {e.group_by}" if e.group_by else e.routing
@@ -196,46 +209,22 @@ def plan(graph: Graph, inventory: Inventory | None = None, sharded: set[str] | N
     return p
 
 
-def elastic_spares(graph: Graph) -> tuple[str, str, int] | None:
-    """(generate node, update node, spares) under `async.elastic`: one spare per share of the
-    trainer's devices a generate replica needs (update replicas x devices // generate devices) on a
-    gpu pool; one on a cpu pool (cores are not partitioned: a second spare would only time-share the
-    same cores). None when elastic is off or the graph has not exactly one generate and one update
-    (validation refuses elastic there)."""
-    from dora.graph.resolve import nodes_with
-    from dora.graph.schema import resolve_all
-
-    if graph.async_.elastic is not True:
-        return None
-    specs, _ = resolve_all(graph)
-    gens, ups = nodes_with(specs, "generate"), nodes_with(specs, "update")
-    if len(gens) != 1 or len(ups) != 1:
-        return None
-    gen, up = graph.nodes[gens[0]], graph.nodes[ups[0]]
-    pool = graph.pools.get(up.pool or DEFAULT_POOL)
-    if pool is not None and pool.device == "gpu":
-        return gen.name, up.name, (up.replicas * up.devices) // gen.devices
-    return gen.name, up.name, 1
-
-
-def _spare_placements(graph: Graph, placed: list[ReplicaPlacement]) -> list[ReplicaPlacement]:
-    found = elastic_spares(graph)
-    if found is None:
+def _spare_placements(graph: Graph, placed: list[ReplicaPlacement], spares: Spares | None) -> list[ReplicaPlacement]:
+    if spares is None or spares.count < 1:
         return []
-    gen, up, n = found
-    trainer = [r for r in placed if r.node == up]
-    host = trainer[0]                     # pool, device, threads: every rank's are alike
-    first, width = graph.nodes[gen].replicas, graph.nodes[gen].devices
+    hosts = [r for r in placed if r.node == spares.host]
+    host = hosts[0]                       # pool, device, threads: every rank's are alike
+    first, width = graph.nodes[spares.node].replicas, graph.nodes[spares.node].devices
     out = []
-    for i in range(n):
-        if host.kind == "gpu":   # the i-th share of the trainer's GPUs, across its ranks in order
-            slots = tuple(s for r in trainer for s in r.slots)[i * width:(i + 1) * width]
-            gpus = tuple(g for r in trainer for g in r.gpus)[i * width:(i + 1) * width]
+    for i in range(spares.count):
+        if host.kind == "gpu":   # the i-th share of the host's GPUs, across its ranks in order
+            slots = tuple(s for r in hosts for s in r.slots)[i * width:(i + 1) * width]
+            gpus = tuple(g for r in hosts for g in r.gpus)[i * width:(i + 1) * width]
             env = {**host.env, "CUDA_VISIBLE_DEVICES": ",".join(gpus)}
         else:
             slots, gpus, env = host.slots, (), dict(host.env)
-        out.append(ReplicaPlacement(gen, first + i, host.pool, host.kind, slots, host.device, host.threads, env,
-                                    gpus, 0, spare=True))
+        out.append(ReplicaPlacement(spares.node, first + i, host.pool, host.kind, slots, host.device, host.threads,
+                                    env, gpus, 0, spare=spares.host))
     return out
 
 
@@ -278,7 +267,7 @@ def format_plan(p: Plan, backend: str | None = None, machine: Inventory | None =
             rank = f"  rank {r.replica}/{r.ranks}" + (" (leader: data in, events out)" if r.replica == 0 else "")
         inbox = f"inbox {ep}" if not r.ranks or r.replica == 0 else "no data edges"
         if r.spare:
-            rank = "  elastic spare on the trainer's devices (asleep until lent)"
+            rank = f"  spare on {r.spare}'s devices (asleep until lent)"
         lines.append(f"  {r.label:<{w}}  pool {r.pool:<10} {_where(r, backend):<46} device {r.device:<7} {inbox}{rank}")
     if p.groups:
         lines.append("process groups (FSDP):")

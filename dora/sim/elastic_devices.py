@@ -17,7 +17,7 @@ Colocated sync has no separate trainer devices: there is nothing to lend.
 
 from __future__ import annotations
 
-from dora.runtime.rollout import RolloutController
+from dora.rl.rollout import RolloutController
 
 from .virtual_clock import VirtualClock
 from .costmodel import CostModel

@@ -18,10 +18,10 @@ import time
 from typing import Any
 
 from dora.graph.builder import Pipeline
-from dora.runtime.dashboard.state import make_state, steps_section, write_state
-from dora.runtime.dashboard.timeline import timeline_of_trace
-from dora.runtime.metrics import MetricsLog, clean_json
-from dora.runtime.rollout import TraceWriter
+from dora.observe.dashboard.state import make_state, steps_section, write_state
+from dora.observe.dashboard.timeline import timeline_of_trace
+from dora.observe.metrics import MetricsLog, clean_json
+from dora.observe.trace import TraceWriter
 
 
 def system_graph(cfg: Any, result: dict[str, Any]):

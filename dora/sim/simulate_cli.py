@@ -17,7 +17,10 @@ import os
 import sys
 from typing import Any
 
-from dora.runtime.rollout import MODES, RolloutConfig, RolloutConfigError, TraceWriter
+from dora.observe.trace import TraceWriter
+from dora.rl.rollout import POLICIES, RolloutConfig, RolloutConfigError
+
+MODES = POLICIES.names()   # every rollout mode, in listing order
 
 from .costmodel import MODELS
 from .simulator import SimConfig, SimulationError, ideal, simulate

@@ -14,7 +14,8 @@ import dataclasses
 import random
 from typing import Any
 
-from dora.runtime.rollout import RolloutConfig, RolloutController, TraceWriter
+from dora.observe.trace import TraceWriter
+from dora.rl.rollout import POLICIES, RolloutConfig, RolloutController
 
 from .virtual_clock import VirtualClock
 from .costmodel import MODELS, CostModel
@@ -59,7 +60,7 @@ def placement(cfg: SimConfig, cost: CostModel, workload: Workload) -> tuple[int,
     tp = cost.model.tp
     if cfg.gpus < tp or cfg.gpus % tp:
         raise ValueError(f"--gpus {cfg.gpus} must be a positive multiple of the rollout TP size {tp} ({cost.model.name})")
-    if cfg.mode == "sync":
+    if POLICIES[cfg.mode].staleness == 0:   # rollout and training never overlap: they share every GPU
         return cfg.gpus // tp, cfg.gpus, True
     if cfg.train_gpus:
         train = cfg.train_gpus
@@ -132,6 +133,34 @@ def _dropping(holder: dict[str, RolloutController], cfg: SimConfig):
     return on_finished
 
 
+@dataclasses.dataclass
+class _Sim:
+    """The parts of one simulated run, as simulate() builds them."""
+
+    cfg: SimConfig
+    cost: CostModel
+    clock: VirtualClock
+    ctl: RolloutController
+    trainer: SimTrainer
+    instances: list[SimInstance]
+    lendable: list[SimInstance]
+    elastic: ElasticDevices
+    train_gpus: int
+    colocated: bool
+
+    def busy_snapshot(self) -> dict[str, float]:
+        """Cumulative device-seconds busy (rollout, overhead, training), tokens and rollout-only time now."""
+        everyone = self.instances + self.lendable
+        for i in everyone:
+            i._advance()
+        tp = self.cost.model.tp
+        return {"t": self.clock.now(),
+                "roll_busy": tp * sum(i.busy_s() for i in everyone),
+                "overhead": tp * sum(i.overhead_s() for i in everyone) + self.train_gpus * self.elastic.handback_s,
+                "train": (self.trainer.train_s + self.elastic.handback_s) * self.train_gpus,
+                "tokens": self.trainer.tokens, "rollout_only": self.ctl.totals["rollout_only_s"]}
+
+
 def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) -> dict[str, Any]:
     """Run one mode. `observer(controller, trainer, instances)`, if given, is called once the
     parts are built (tests use it to watch events)."""
@@ -139,10 +168,18 @@ def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) ->
         raise ValueError(f"unknown model {cfg.model!r}; expected one of {', '.join(MODELS)}")
     if cfg.steps < 1:
         raise ValueError(f"--steps must be >= 1, got {cfg.steps}")
+    sim = _build(cfg, trace or TraceWriter(enabled=False))
+    if observer is not None:
+        observer(sim.ctl, sim.trainer, sim.instances)
+    warm = max(1, cfg.steps // 5) if cfg.steps >= 3 else 0   # steps before the measured window
+    snap = _drive(sim, warm)
+    return _results(sim, warm, snap, sim.busy_snapshot())
+
+
+def _build(cfg: SimConfig, trace: TraceWriter) -> _Sim:
     cost = CostModel(MODELS[cfg.model])
     workload = get_workload(cfg.workload, cfg.trace_file)
     n_inst, train_gpus, colocated = placement(cfg, cost, workload)
-    trace = trace or TraceWriter(enabled=False)
     clock = VirtualClock()
     rcfg = RolloutConfig(mode=cfg.mode, train_batch=cfg.train_batch, rollout_batch=cfg.rollout_batch,
                          group_size=cfg.group_size, max_staleness=cfg.max_staleness, **cfg.rollout).resolved()
@@ -166,31 +203,20 @@ def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) ->
         i.slots = cfg.max_batch or i.slots
     elastic = ElasticDevices(ctl, cost, clock, train_gpus, lendable)
     trainer.blocked = elastic.blocked
+    return _Sim(cfg, cost, clock, ctl, trainer, instances, lendable, elastic, train_gpus, colocated)
+
+
+def _drive(sim: _Sim, warm: int) -> dict[str, float]:
+    """Run the event loop until the last step; the busy snapshot at the end of step `warm`."""
+    cfg, clock, ctl, trainer, elastic = sim.cfg, sim.clock, sim.ctl, sim.trainer, sim.elastic
 
     def tick() -> None:
         ctl.tick()
         clock.call_later(cfg.tick_s, tick)
 
-    if observer is not None:
-        observer(ctl, trainer, instances)
     ctl.start()
     clock.call_later(cfg.tick_s, tick)
-    warm = max(1, cfg.steps // 5) if cfg.steps >= 3 else 0
-    snap: dict[str, float] = {}
-
-    def busy_snapshot() -> dict[str, float]:
-        everyone = instances + lendable
-        for i in everyone:
-            i._advance()
-        tp = cost.model.tp
-        return {"t": clock.now(),
-                "roll_busy": tp * sum(i.busy_s() for i in everyone),
-                "overhead": tp * sum(i.overhead_s() for i in everyone) + train_gpus * elastic.handback_s,
-                "train": (trainer.train_s + elastic.handback_s) * train_gpus, "tokens": trainer.tokens,
-                "rollout_only": ctl.totals["rollout_only_s"]}
-
-    if warm == 0:
-        snap = busy_snapshot()
+    snap = sim.busy_snapshot() if warm == 0 else {}
     last_step_t = 0.0
     while trainer.step < cfg.steps:
         if not clock.step():
@@ -200,22 +226,27 @@ def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) ->
         if trainer.step_ends and trainer.step_ends[-1] > last_step_t:
             last_step_t = trainer.step_ends[-1]
             if trainer.step == warm and not snap:
-                snap = busy_snapshot()
+                snap = sim.busy_snapshot()
         elif clock.now() - last_step_t > cfg.max_idle_sim_s:
             raise SimulationError(f"{cfg.mode}: no training step for {cfg.max_idle_sim_s:.0f} simulated seconds "
                                   f"(step {trainer.step}; in flight {ctl.manager.r_sum}, waiting {ctl.queue.waiting()})")
-    end = busy_snapshot()
-    summary = ctl.finish()
+    return snap
+
+
+def _results(sim: _Sim, warm: int, snap: dict[str, float], end: dict[str, float]) -> dict[str, Any]:
+    """The mode's row: rates over the measured window (after `warm` steps) and the run's accounting."""
+    cfg = sim.cfg
+    summary = sim.ctl.finish()
     span = end["t"] - snap["t"]
     steps = cfg.steps - warm
     tokens = end["tokens"] - snap["tokens"]
     gpu_s = cfg.gpus * span
     busy = (end["roll_busy"] - snap["roll_busy"]) + (end["train"] - snap["train"])
-    sm = ctl.step_metrics
+    sm = sim.ctl.step_metrics
     stal = [m.staleness_max for m in sm]
     return {
-        "mode": cfg.mode, "model": cfg.model, "gpus": cfg.gpus, "rollout_instances": n_inst,
-        "train_gpus": train_gpus, "colocated": colocated, "steps": cfg.steps, "warmup_steps": warm,
+        "mode": cfg.mode, "model": cfg.model, "gpus": cfg.gpus, "rollout_instances": len(sim.instances),
+        "train_gpus": sim.train_gpus, "colocated": sim.colocated, "steps": cfg.steps, "warmup_steps": warm,
         "step_time_s": span / steps, "tokens_per_s": tokens / span,
         "rollout_only_fraction": (end["rollout_only"] - snap["rollout_only"]) / span,
         "bubble_fraction": max(0.0, 1 - busy / gpu_s),       # idle device-time / device-time, every device
@@ -228,6 +259,6 @@ def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) ->
         "weight_loads": summary["weight_loads"], "rebalances": summary["rebalances"],
         "total_time_s": end["t"], "trajectories_trained": summary["trained"],
         "in_flight_at_end": summary["in_flight_at_end"], "finished_untrained": summary["finished_untrained"],
-        "lost": summary["lost"], "dropped": summary["dropped"], "elastic": bool(lendable),
-        "elastic_lends": elastic.lends, "per_step": [m.to_dict() for m in sm],
+        "lost": summary["lost"], "dropped": summary["dropped"], "elastic": bool(sim.lendable),
+        "elastic_lends": sim.elastic.lends, "per_step": [m.to_dict() for m in sm],
     }

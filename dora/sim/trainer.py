@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from dora.runtime.rollout.rollout_controller import RolloutController
-from dora.runtime.rollout.trace import TraceWriter
+from dora.rl.rollout.rollout_controller import RolloutController
+from dora.observe.trace import TraceWriter
 
 from .virtual_clock import VirtualClock
 from .costmodel import CostModel

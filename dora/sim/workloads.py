@@ -17,7 +17,7 @@ import math
 import random
 from typing import Callable, Sequence
 
-from dora.runtime.rollout.types import Request
+from dora.rl.rollout.types import Request
 
 
 class WorkloadError(ValueError):

@@ -32,6 +32,11 @@ class SamplingRequest:
     top_k: int = 0                   # 0 = off
     stop_ids: list[int] = dataclasses.field(default_factory=list)  # EOS ids of the engine always stop too
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)  # passed through to the Completion
+    # multi-turn (agentic): keep_kv parks the finished request's KV until release(uid) or a
+    # continuation; continues=<uid of a parked request> whose prompt_ids start with that request's
+    # prompt + response adopts its KV and prefills only the new tokens
+    keep_kv: bool = False
+    continues: str | None = None
 
     def validate(self) -> None:
         if not self.prompt_ids:
@@ -44,6 +49,8 @@ class SamplingRequest:
             raise ValueError(f"request {self.uid!r}: top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"request {self.uid!r}: top_k must be >= 0, got {self.top_k}")
+        if self.continues is not None and self.continues == self.uid:
+            raise ValueError(f"request {self.uid!r}: continues names the request itself")
 
 
 @dataclasses.dataclass
@@ -87,13 +94,22 @@ class EngineStats:
     version: int
     reprefill_tokens: int            # tokens prefilled again because an import came without KV
     generated_tokens: int
+    prefill_tokens: int = 0          # tokens run through prefill (prefix hits and imported KV excluded)
+    prefix_hit_tokens: int = 0       # prompt tokens whose KV was found cached (shared blocks), not computed
+    kv_blocks_used: int = 0
+    kv_blocks_free: int = 0
+    parked_requests: int = 0         # finished keep_kv requests holding their KV
+    parked_blocks: int = 0
+    parked_dropped: int = 0          # parked requests dropped because the pool ran short
+    preempted: int = 0               # running requests sent back to the queue for want of KV blocks
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
 
 
 class Engine(abc.ABC):
-    """One generation engine holding one policy version at a time."""
+    """One generation engine holding one policy version at a time (the torch engine: up to
+    max_versions, each request running on its own)."""
 
     version: int
 
@@ -123,7 +139,8 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def load_weights(self, version: int, weights: dict[str, torch.Tensor] | str) -> None:
-        """Switch to `version` (a state dict or a safetensors path). Only when idle."""
+        """Switch to `version` (a state dict or a safetensors path). Only when idle (an engine with
+        several weight slots: into a slot none of whose requests is in flight)."""
 
     @abc.abstractmethod
     def stats(self) -> EngineStats: ...
@@ -131,6 +148,11 @@ class Engine(abc.ABC):
     def has_work(self) -> bool:
         s = self.stats()
         return s.active + s.queued > 0
+
+    def release(self, uid: str) -> bool:
+        """Drop a parked (keep_kv) request's KV; False when nothing is parked under uid. An engine
+        that never parks (keeps no KV after a request) has nothing to release."""
+        return False
 
     def sampling_state(self) -> bytes | None:
         """The sampler's RNG state (a resumed run restores it, so it samples what the run would have);

@@ -1,283 +1,257 @@
-"""Continuous-batching generation on any transformers causal LM, with a shared padded KV cache.
+"""The torch engine: paged KV cache, continuous batching, CUDA-graph decode, sampling on the device.
 
-Each step(): admit queued requests (prefill all of their tokens but the last into a new
-left-padded cache, or adopt an imported KV as is), append them to the running batch, run ONE
-decode forward for every running request (input = each row's last token), sample, and drop the
-rows that finished. Requests join and leave between any two steps; nobody waits for a batch.
-See docs/architecture.md "Engines".
+Each step(): admit queued requests (each gets its KV blocks; cached prompt blocks are shared),
+prefill up to `max_prefill_tokens` context tokens, then ONE decode step for every running request
+(on CUDA a captured graph per batch size, a Triton kernel reading the KV blocks in place), sample
+on the device and copy (tokens, logprobs) to the host once. Requests join and leave between any
+two steps without touching anyone else's KV. The pieces live in paged/ (model, blocks, scheduler,
+attention, graphs, weights); see docs/architecture.md "Engines".
 """
 
 from __future__ import annotations
 
-import collections
-import dataclasses
-
 import torch
-from transformers import DynamicCache
 
 from .engine import Completion, Engine, EngineStats, SamplingRequest, SequenceState
-from .kv import BatchKV
-from .sampling import sample
+from .paged import hf_weights as W
+from .paged.blocks import BlockPool
+from .paged.checks import check_kv, check_request
+from .paged.kv_budget import budget_blocks, initial_blocks
+from .paged.kv_cache import KVCache
+from .paged.model_spec import spec_of
+from .paged.runner import ModelRunner
+from .paged.scheduler import Scheduler
+from .paged.sequence import Seq
+from .paged.weight_slots import route, slot_to_load
+from .sampling import SamplePlan, sample, sampling_tensors
 
-
-@dataclasses.dataclass
-class _Seq:
-    req: SamplingRequest
-    response: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    versions: list[int] = dataclasses.field(default_factory=list)
-    kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None   # imported KV waiting to be adopted
-    stops: frozenset[int] = frozenset()
-
-    @property
-    def last(self) -> int:
-        return self.response[-1] if self.response else self.req.prompt_ids[-1]
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.req.prompt_ids + self.response
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class TorchEngine(Engine):
     def __init__(self, model: torch.nn.Module, *, version: int = 0, max_batch: int = 64, seed: int = 0,
-                 eos_ids: list[int] | None = None, max_seq_len: int | None = None):
-        self.model = model.eval()
-        cfg = model.config
-        self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
-        self.version = int(version)
-        self.max_batch = int(max_batch)
-        self.max_seq_len = int(max_seq_len or getattr(cfg, "max_position_embeddings", 2048))
-        self.n_layers = cfg.num_hidden_layers
-        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+                 eos_ids: list[int] | None = None, max_seq_len: int | None = None, dtype: str | torch.dtype | None = None,
+                 device: str | torch.device | None = None, kv_cache_gb: float | None = None, memory_fraction: float = 0.9,
+                 block_size: int = 16, max_prefill_tokens: int = 4096, cuda_graphs: bool = True, max_versions: int = 1,
+                 attention: str | None = None):
+        """model: a transformers llama/qwen2 causal LM whose weights (and config) the engine copies.
+        attention: 'triton' (the paged kernel; default on CUDA) or 'torch' (default elsewhere)."""
+        self.spec = spec_of(model.config)
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype or next(model.parameters()).dtype
+        self.max_batch, self.max_versions = int(max_batch), int(max_versions)
+        self.max_seq_len = int(max_seq_len or self.spec.max_positions)
+        self.block_size = int(block_size)
         self.eos_ids = frozenset(_default_eos(model) if eos_ids is None else eos_ids)
+        self.runner = ModelRunner(self.spec, model.config, dtype=self.dtype, device=self.device, max_batch=self.max_batch,
+                                  max_seq_len=self.max_seq_len, block_size=self.block_size, cuda_graphs=cuda_graphs,
+                                  attention=attention)
+        W.load_into(self.runner.new_slot().model, model.state_dict())
+        self.runner.slots[0].version = self.version = int(version)
+        self.latest = 0                  # the slot of the newest version
+        self.budget = budget_blocks(self.spec, block_size=self.block_size, dtype=self.dtype, device=self.device,
+                                    max_batch=self.max_batch, max_seq_len=self.max_seq_len, kv_cache_gb=kv_cache_gb,
+                                    memory_fraction=memory_fraction,
+                                    workspace=self.runner.workspace_bytes(max_prefill_tokens))
+        self.sched = Scheduler(BlockPool(2, self.block_size), max_batch=self.max_batch,
+                               max_prefill_tokens=int(max_prefill_tokens), version_of=lambda i: self.runner.slots[i].version,
+                               grow=self._grow, write_kv=self._write_kv)
+        self._allocate_kv()
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self.waiting: collections.OrderedDict[str, _Seq] = collections.OrderedDict()
-        self.running: list[_Seq] = []
-        self.batch: BatchKV | None = None
-        self._params: tuple[torch.Tensor, ...] | None = None   # per-row sampling params, rebuilt on change
-        self.reprefill_tokens = 0
         self.generated_tokens = 0
-        self.asleep = False                # sleep(): parameters released (shapes kept to wake)
-        self.needs_weights = False         # woken, parameters allocated but not loaded yet
-        self._shapes: dict[str, torch.Size] = {}
+        self.asleep = False                # sleep(): weights and KV released
+        self.needs_weights = False         # woken: weights allocated, not loaded yet
 
     # ------------------------------------------------------------------ requests in
     def submit(self, req: SamplingRequest) -> None:
         self._check_awake("submit")
         req.validate()
-        self._check_new(req.uid, len(req.prompt_ids) + 1)
-        self.waiting[req.uid] = _Seq(req, stops=self.eos_ids | frozenset(req.stop_ids))
+        self._check_new(req.uid, req.prompt_ids, 1)
+        seq = Seq(req, stops=self.eos_ids | frozenset(req.stop_ids), slot=route(self.runner.slots, req.version, self.latest))
+        parked = self.sched.parked.get(req.continues) if req.continues is not None else None
+        if parked is not None:   # (a continuation whose parked KV was dropped is prefilled in full)
+            if seq.tokens[:len(parked.tokens)] != parked.tokens:
+                raise ValueError(f"torch engine: request {req.uid!r} continues {req.continues!r} but its prompt_ids do "
+                                 f"not start with that request's {len(parked.tokens)} prompt + response tokens")
+            del self.sched.parked[req.continues]
+            if parked.kv_version == self.runner.slots[seq.slot].version:
+                seq.adopt = parked
+            else:
+                self.sched.pool.release(parked.blocks)
+        self.sched.waiting[req.uid] = seq
 
     def import_(self, states: list[SequenceState]) -> None:
         if states:
             self._check_awake("import_")
         for st in states:
             st.request.validate()
-            n_tokens = len(st.request.prompt_ids) + len(st.response_ids)
-            self._check_new(st.request.uid, n_tokens)
-            seq = _Seq(st.request, list(st.response_ids), list(st.logprobs), list(st.token_versions),
-                       stops=self.eos_ids | frozenset(st.request.stop_ids))
-            if st.kv is not None and st.kv_version == self.version:
-                self._check_kv(st, n_tokens)
-                seq.kv = st.kv
-            # else: KV missing or computed by other weights; _prefill recomputes it (and counts it)
-            self.waiting[st.request.uid] = seq
+            self._check_new(st.request.uid, st.request.prompt_ids, len(st.response_ids))
+            slot = route(self.runner.slots, st.kv_version if st.kv is not None else st.request.version, self.latest)
+            seq = Seq(st.request, stops=self.eos_ids | frozenset(st.request.stop_ids), response=list(st.response_ids),
+                      logprobs=list(st.logprobs), versions=list(st.token_versions), slot=slot)
+            if st.kv is not None and st.kv_version == self.runner.slots[slot].version:
+                check_kv(st, self.spec)
+                seq.pending_kv = st.kv
+            else:   # KV missing or computed by other weights: prefilled again here, and counted
+                seq.reprefill = bool(seq.response)
+            self.sched.waiting[st.request.uid] = seq
 
-    def _check_new(self, uid: str, n_tokens: int) -> None:
-        if uid in self.waiting or any(s.req.uid == uid for s in self.running):
-            raise ValueError(f"torch engine: request uid {uid!r} is already in flight")
-        if n_tokens > self.max_seq_len:
-            raise ValueError(f"torch engine: request {uid!r} has {n_tokens - 1} tokens; max_seq_len is {self.max_seq_len}")
+    def _check_new(self, uid: str, prompt: list[int], more: int) -> None:
+        check_request(uid, prompt, more, in_flight=self.sched.find(uid) is not None, vocab=self.spec.vocab,
+                      max_seq_len=self.max_seq_len)
 
-    def _check_kv(self, st: SequenceState, n_tokens: int) -> None:
-        uid = st.request.uid
-        if len(st.kv) != self.n_layers:
-            raise ValueError(f"torch engine: KV of {uid!r} has {len(st.kv)} layers, model has {self.n_layers}")
-        want = (self.kv_heads, n_tokens - 1, self.head_dim)
-        for k, v in st.kv:
-            if tuple(k.shape) != want or tuple(v.shape) != want:
-                raise ValueError(f"torch engine: KV of {uid!r} has shape {tuple(k.shape)}, expected {want} "
-                                 "(kv heads, all tokens but the last, head dim)")
+    def _write_kv(self, seq: Seq) -> None:
+        seq.computed = self.runner.kv.write(seq.blocks, seq.pending_kv)
+        seq.pending_kv = None
 
     # ------------------------------------------------------------------ the loop
     @torch.inference_mode()
     def step(self) -> list[Completion]:
-        self._admit()
-        if not self.running:
+        sched = self.sched
+        sched.admit()
+        chunks = sched.prefill_chunks()
+        sched.prefilled(chunks)          # (bookkeeping: the forward below computes what it records)
+        if sched.running:
+            sched.reserve_decode()
+        groups = self._by_slot(sched.running, lambda s: s.slot)
+        order = [seq for seqs in groups.values() for seq in seqs]
+        reqs = [s.req for s in order]
+        temps, top_ps, top_ks = [r.temperature for r in reqs], [r.top_p for r in reqs], [r.top_k for r in reqs]
+        params = sampling_tensors(temps, top_ps, top_ks, self.device) if order else None   # copied while the GPU idles
+        for slot, part in self._by_slot(chunks, lambda c: c[0].slot).items():
+            self.runner.prefill(self.runner.slots[slot], part)
+        if not order:
             return []
-        b = self.batch
-        last = torch.tensor([[s.last] for s in self.running], device=self.device)
-        positions = b.lengths()[:, None]
-        b.grew_one()
-        out = self.model(input_ids=last, attention_mask=b.attention_mask(), position_ids=positions,
-                         past_key_values=b.cache, use_cache=True, logits_to_keep=1)
-        if self._params is None:
-            self._params = self._build_params()
-        toks, lps = sample(out.logits[:, -1, :], *self._params, generator=self.generator)
-        done: list[Completion] = []
-        keep: list[int] = []
-        for i, (seq, tok, lp) in enumerate(zip(self.running, toks.tolist(), lps.tolist())):
-            seq.response.append(tok)
-            seq.logprobs.append(lp)
-            seq.versions.append(self.version)
-            reason = None
-            if tok in seq.stops:
-                reason = "stop"
-            elif len(seq.response) >= seq.req.max_tokens or len(seq.req.prompt_ids) + len(seq.response) >= self.max_seq_len:
-                reason = "length"
-            if reason is None:
-                keep.append(i)
-            else:
-                done.append(_complete(seq, reason))
-        self.generated_tokens += len(self.running)
-        if len(keep) < len(self.running):
-            self.running = [self.running[i] for i in keep]
-            b.keep_rows(keep)
-            self._params = None
+        logits = [self.runner.decode(self.runner.slots[slot], seqs) for slot, seqs in groups.items()]
+        tokens, logprobs = sample(torch.cat(logits) if len(logits) > 1 else logits[0], *params, self.generator,
+                                  SamplePlan.of(temps, top_ps, top_ks))
+        sampled = torch.stack([tokens.double(), logprobs.double()], dim=1).tolist()   # the step's one device-to-host copy
+        return self._advance(order, sampled)
+
+    def _advance(self, order: list[Seq], sampled: list[list[float]]) -> list[Completion]:
+        """Append each sampled token (the decode wrote the KV of the token each row fed). A hot loop:
+        seal only where a block filled, finish the done ones at once."""
+        bs, max_len, versions = self.block_size, self.max_seq_len, [slot.version for slot in self.runner.slots]
+        finished, done = [], []
+        for seq, (token, logprob) in zip(order, sampled):
+            token = int(token)
+            seq.computed += 1
+            seq.response.append(token)
+            seq.logprobs.append(logprob)
+            seq.versions.append(versions[seq.slot])
+            seq.tokens.append(token)
+            if seq.computed % bs == 0:
+                self.sched.seal(seq)
+            if token in seq.stops or len(seq.response) >= seq.req.max_tokens or len(seq.tokens) >= max_len:
+                finished.append(seq)
+                done.append(seq.completion(seq.finish_reason(max_len)))
+        self.sched.finish(finished)
+        self.generated_tokens += len(order)
         return done
 
-    def _admit(self) -> None:
-        free = self.max_batch - len(self.running)
-        if free <= 0 or not self.waiting:
-            return
-        new = [self.waiting.popitem(last=False)[1] for _ in range(min(free, len(self.waiting)))]
-        with_kv = [s for s in new if s.kv is not None]
-        fresh = [s for s in new if s.kv is None]
-        parts = []
-        if fresh:
-            parts.append(self._prefill(fresh))
-        if with_kv:
-            parts.append(BatchKV.from_rows([s.kv for s in with_kv], self.n_layers, self.kv_heads, self.head_dim,
-                                           self.dtype, self.device))
-            for s in with_kv:
-                s.kv = None
-        if not self.running:
-            self.batch = None
-        for part in parts:
-            if self.batch is None:
-                self.batch = part
-            else:
-                self.batch.extend(part)
-        self.running += fresh + with_kv   # same order as the rows of the parts
-        self._params = None
-
-    def _prefill(self, seqs: list[_Seq]) -> BatchKV:
-        """KV for all tokens but the last of each sequence, as one left-padded batch."""
-        ctx = [s.tokens[:-1] for s in seqs]
-        # a request that already generated tokens had this KV before (on another engine or version)
-        self.reprefill_tokens += sum(len(c) for s, c in zip(seqs, ctx) if s.response)
-        width = max(len(c) for c in ctx)
-        if width == 0:
-            return BatchKV.from_rows([[] for _ in seqs], self.n_layers, self.kv_heads, self.head_dim,
-                                     self.dtype, self.device)
-        ids = torch.zeros(len(seqs), width, dtype=torch.long)
-        mask = torch.zeros(len(seqs), width, dtype=torch.bool)
-        for i, c in enumerate(ctx):
-            if c:
-                ids[i, width - len(c):] = torch.tensor(c)
-                mask[i, width - len(c):] = True
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        self.model(input_ids=ids, attention_mask=mask.long(), position_ids=positions, past_key_values=cache,
-                   use_cache=True, logits_to_keep=1)
-        return BatchKV.from_cache(cache, mask)
-
-    def _build_params(self) -> tuple[torch.Tensor, ...]:
-        reqs = [s.req for s in self.running]
-        return (torch.tensor([r.temperature for r in reqs], dtype=torch.float32, device=self.device),
-                torch.tensor([r.top_p for r in reqs], dtype=torch.float32, device=self.device),
-                torch.tensor([r.top_k for r in reqs], dtype=torch.long, device=self.device))
+    def _by_slot(self, items: list, slot_of) -> dict[int, list]:
+        if len(self.runner.slots) == 1:
+            return {0: items} if items else {}
+        groups: dict[int, list] = {}
+        for item in items:
+            groups.setdefault(slot_of(item), []).append(item)
+        return groups
 
     # ------------------------------------------------------------------ requests out
     def abort(self, uid: str) -> Completion | None:
-        if uid in self.waiting:
-            return _complete(self.waiting.pop(uid), "abort")
-        for i, s in enumerate(self.running):
-            if s.req.uid == uid:
-                self._drop_rows([i])
-                return _complete(s, "abort")
-        return None
+        seq = self.sched.find(uid)
+        if seq is None:
+            return None
+        self.sched.remove(seq)
+        return seq.completion("abort")
 
     def export(self, uids: list[str]) -> list[SequenceState]:
-        states, rows = [], []
-        index = {s.req.uid: i for i, s in enumerate(self.running)}
+        seqs = []
         for uid in uids:
-            if uid in self.waiting:
-                s = self.waiting.pop(uid)
-                states.append(_state(s, s.kv, self.version if s.kv is not None else None))
-            elif uid in index:
-                i = index[uid]
-                rows.append(i)
-                states.append(_state(self.running[i], self.batch.row_kv(i), self.version))
-            else:
+            seq = self.sched.find(uid)
+            if seq is None:
                 raise KeyError(f"torch engine: export of unknown request uid {uid!r}")
-        if rows:
-            self._drop_rows(rows)
+            seqs.append(seq)
+        states = []
+        for seq in seqs:
+            kv = seq.pending_kv if seq.pending_kv is not None else (
+                self.runner.kv.read(seq.blocks, seq.computed) if seq.computed else None)
+            states.append(seq.state(kv, self.runner.slots[seq.slot].version))
+            self.sched.remove(seq)
         return states
 
     def interrupt_all(self) -> list[SequenceState]:
-        return self.export([s.req.uid for s in self.running] + list(self.waiting))
+        return self.export([s.uid for s in self.sched.in_flight()])
 
-    def _drop_rows(self, rows: list[int]) -> None:
-        gone = set(rows)
-        keep = [i for i in range(len(self.running)) if i not in gone]
-        self.running = [self.running[i] for i in keep]
-        if self.running:
-            self.batch.keep_rows(keep)
-        else:
-            self.batch = None
-        self._params = None
+    def release(self, uid: str) -> bool:
+        return self.sched.release(uid)
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.sched.waiting or self.sched.running or self.sched.prefilling)
 
-    # ------------------------------------------------------------------ weights, stats
+    # ------------------------------------------------------------------ weights and memory
     def load_weights(self, version: int, weights: dict[str, torch.Tensor] | str) -> None:
-        if self.running or self.waiting:
-            raise RuntimeError(f"torch engine: load_weights(version={version}) with {len(self.running)} running and "
-                               f"{len(self.waiting)} queued requests; switch only when idle or after interrupt_all()")
         if self.asleep:
             raise RuntimeError(f"torch engine: load_weights(version={version}) while asleep; wake() first")
-        load_state_dict_into(self.model, weights)
-        self.version = int(version)
+        busy = {s.slot for s in self.sched.in_flight()}
+        counts = f"{self.sched.active} running and {len(self.sched.waiting)} queued requests"
+        index = slot_to_load(self.runner, busy, self.max_versions, counts=counts)
+        slot = self.runner.slots[index]
+        slot.version = None                # (a failed load leaves the slot holding no version)
+        W.load_into(slot.model, weights)   # in place: the slot's captured graphs stay valid
+        slot.version, self.version, self.latest = int(version), int(version), index
         self.needs_weights = False
 
-    # ------------------------------------------------------------ sleep / wake (async.elastic)
     def sleep(self) -> int:
-        """Release every parameter's storage and the KV cache (on CUDA the allocator's cache too, so
-        the memory really goes back to the trainer sharing the device). Buffers that are not weights
-        (rotary tables: kilobytes) stay. Tied parameters are one tensor, released once."""
-        if self.running or self.waiting:
-            raise RuntimeError(f"torch engine: sleep() with {len(self.running)} running and {len(self.waiting)} "
+        """Release the weights and the KV cache (on CUDA the captured graphs and the allocator's
+        cache too, so the memory really goes back); parked requests are dropped."""
+        if self.has_work():
+            raise RuntimeError(f"torch engine: sleep() with {self.sched.active} running and {len(self.sched.waiting)} "
                                "queued requests; export them first")
         if self.asleep:
             return 0
-        freed = 0
-        for name, p in self.model.named_parameters():   # (named_parameters yields a tied tensor once)
-            self._shapes[name] = p.shape
-            freed += p.numel() * p.element_size()
-            p.data = p.data.new_empty(0)
-        self.batch, self._params = None, None
-        self.asleep = True
+        while self.sched.parked:
+            self.sched.drop_oldest_parked()
+        self.runner.drop_graphs()
+        del self.runner.slots[1:]
+        self.latest = 0
+        freed = W.release(self.runner.slots[0].model) + self.runner.kv.release()
+        self.runner.slots[0].version = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+        self.asleep = True
         return freed
 
     def wake(self) -> int:
-        """Allocate the parameters again (contents undefined until load_weights)."""
+        """Allocate the weights and the KV cache again (weights undefined until load_weights)."""
         if not self.asleep:
             return 0
-        params = dict(self.model.named_parameters())
-        allocated = 0
-        for name, shape in self._shapes.items():
-            p = params[name]
-            p.data = torch.empty(shape, dtype=p.dtype, device=self.device)
-            allocated += p.numel() * p.element_size()
+        allocated = W.allocate(self.runner.slots[0].model, self.runner.shapes)
+        self._allocate_kv()
         self.asleep, self.needs_weights = False, True
-        return allocated
+        return allocated + self.runner.kv.nbytes
+
+    def _allocate_kv(self) -> None:
+        blocks = 1 + initial_blocks(self.device, self.budget)
+        self.runner.kv = KVCache(self.spec, self.block_size, blocks, self.dtype, self.device)
+        self.sched.pool = BlockPool(blocks, self.block_size)
+
+    def _grow(self, want: int) -> bool:
+        """CPU: double the KV tensor (at least `want` more blocks) up to the budget."""
+        have = self.sched.pool.num_blocks
+        if self.device.type == "cuda" or have >= self.budget + 1:
+            return False
+        blocks = min(self.budget + 1, max(2 * have, have + want))
+        self.runner.kv.grow(blocks)
+        self.sched.pool.grow(blocks)
+        return True
+
+    def weight_bytes(self) -> int:
+        return sum(W.weight_bytes(s.model) for s in self.runner.slots)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The newest version's weights under transformers' names (views)."""
+        return W.hf_views(self.runner.slots[self.latest].model)
 
     def _check_awake(self, what: str) -> None:
         if self.asleep or self.needs_weights:
@@ -291,19 +265,14 @@ class TorchEngine(Engine):
         self.generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
 
     def stats(self) -> EngineStats:
-        used = int(self.batch.mask.sum()) if self.batch is not None and self.running else 0
-        return EngineStats(active=len(self.running), queued=len(self.waiting), kv_tokens_used=used,
-                           kv_tokens_capacity=self.max_batch * self.max_seq_len, version=self.version,
-                           reprefill_tokens=self.reprefill_tokens, generated_tokens=self.generated_tokens)
-
-
-def _complete(s: _Seq, reason: str) -> Completion:
-    return Completion(s.req.uid, list(s.req.prompt_ids), s.response, s.logprobs, s.versions, s.req.version,
-                      reason, s.req.meta)
-
-
-def _state(s: _Seq, kv, kv_version) -> SequenceState:
-    return SequenceState(s.req, list(s.response), list(s.logprobs), list(s.versions), kv, kv_version)
+        s, pool = self.sched, self.sched.pool
+        held = s.running + s.prefilling + list(s.parked.values())
+        return EngineStats(
+            active=s.active, queued=len(s.waiting), kv_tokens_used=sum(q.computed for q in held),
+            kv_tokens_capacity=self.budget * self.block_size, version=self.version, reprefill_tokens=s.reprefill_tokens,
+            generated_tokens=self.generated_tokens, prefill_tokens=s.prefill_tokens, prefix_hit_tokens=s.prefix_hit_tokens,
+            kv_blocks_used=pool.used_count, kv_blocks_free=self.budget - pool.used_count, parked_requests=len(s.parked),
+            parked_blocks=s.parked_blocks(), parked_dropped=s.parked_dropped, preempted=s.preempted)
 
 
 def _default_eos(model: torch.nn.Module) -> list[int]:
@@ -312,17 +281,3 @@ def _default_eos(model: torch.nn.Module) -> list[int]:
         if eos is not None:
             return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
     return []
-
-
-def load_state_dict_into(model: torch.nn.Module, weights: dict[str, torch.Tensor] | str) -> None:
-    """Copy weights (a state dict or a safetensors file) into model in place; strict except for tied heads."""
-    if isinstance(weights, str):
-        from dora.ops.weights.versions import read_version   # restores tied aliases stored once by save_version
-        weights = read_version(weights)
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
-    missing = [k for k in missing if k not in tied]
-    if missing or unexpected:
-        raise ValueError(f"load_weights: state dict does not fit {type(model).__name__}: "
-                         f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
-                         f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}")

@@ -11,7 +11,7 @@
 Every rank of a sharded trainer writes its shards into the same folder (a multi-node trainer needs
 the run directory on shared storage); rank 0 gathers and writes the full weights. Where the folder
 lives, and how a crash never leaves half of one under its final name, is the caller's: the run's
-checkpoint (dora/runtime/checkpoint.py) or checkpoints/step_N written as .tmp and renamed.
+checkpoint (dora/rl/checkpoint.py) or checkpoints/step_N written as .tmp and renamed.
 """
 
 from __future__ import annotations

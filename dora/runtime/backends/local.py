@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from dora.runtime.backends import Launch
+from dora.runtime.backends.launch_spec import Launch
 from dora.runtime.run_files import write_owner
 
 
@@ -47,7 +47,7 @@ def resolve_transport(transport: str | None = None) -> str:
 
 def ipc_folder() -> str:
     """A private folder for the inbox sockets. Unix socket paths are limited to ~104 bytes, so a
-    long TMPDIR is passed over for /tmp (worker.ipc_socket_path shortens long node names)."""
+    long TMPDIR is passed over for /tmp (worker_setup.ipc_socket_path shortens long node names)."""
     base = tempfile.gettempdir()
     if len(base) > 60 and os.path.isdir("/tmp"):
         base = "/tmp"

@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Any
 
-from dora.runtime.backends import Launch
+from dora.runtime.backends.launch_spec import Launch
 
 PLACEMENT_TIMEOUT_S = 120.0   # one replica's placement group: the cluster has the resources, or it never will
 

@@ -1,0 +1,96 @@
+"""Per-step metrics: metrics.jsonl (one JSON object per training step) and summary.json.
+
+The keys listed in REQUIRED_KEYS are a contract other tools rely on (see DESIGN.md):
+every step record carries them, filled with 0 / None only where a mode does not measure them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from typing import Any
+
+REQUIRED_KEYS = (
+    "step", "policy_version", "reward_mean", "staleness_max", "staleness_mean", "step_time_s",
+    "rollout_only_s", "tokens", "tokens_per_s", "trajectories",
+)
+
+
+def clean_json(value: Any) -> Any:
+    """JSON has no NaN/inf: write them as null so every line parses everywhere."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: clean_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean_json(v) for v in value]
+    return value
+
+
+class MetricsLog:
+    """Appends step records to DIR/metrics.jsonl as they happen (a crash keeps what was written),
+    and hands each to the `run.loggers` sinks (dora/observe/metric_sinks.py), if any."""
+
+    def __init__(self, run_dir: str, sinks: list[Any] | None = None, append: bool = False):
+        os.makedirs(run_dir, exist_ok=True)
+        self.path = os.path.join(run_dir, "metrics.jsonl")
+        self.records: list[dict[str, Any]] = []   # this segment's (a resumed run appends to the file)
+        self.sinks = list(sinks or [])
+        self._fh = open(self.path, "a" if append else "w", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        missing = [k for k in REQUIRED_KEYS if k not in record]
+        if missing:
+            raise KeyError(f"metrics record for step {record.get('step')} lacks {missing}")
+        record = clean_json(record)
+        self.records.append(record)
+        self._fh.write(json.dumps(record, sort_keys=True) + "\n")
+        self._fh.flush()
+        if self.sinks:
+            from dora.observe.metric_sinks import write_to
+            write_to(self.sinks, record)
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+        if self.sinks:
+            from dora.observe.metric_sinks import close_sinks
+            close_sinks(self.sinks)
+            self.sinks = []
+
+
+def summarize(records: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    """What a person wants after a run: how far reward moved, how fast, how stale, any violations."""
+    out: dict[str, Any] = dict(extra)
+    out["steps"] = len(records)
+    if not records:
+        return out
+    rewards = [r["reward_mean"] for r in records if r.get("reward_mean") is not None]
+    k = min(3, len(rewards))
+    if rewards:
+        out["reward_first3"] = statistics.fmean(rewards[:k])
+        out["reward_last3"] = statistics.fmean(rewards[-k:])
+        out["reward_gain"] = out["reward_last3"] - out["reward_first3"]
+        out["reward_by_step"] = rewards
+    tokens = sum(r.get("tokens") or 0 for r in records)
+    wall = sum(r.get("step_time_s") or 0.0 for r in records)
+    out["tokens"] = tokens
+    out["train_time_s"] = wall
+    out["tokens_per_s"] = tokens / wall if wall > 0 else None
+    out["trajectories"] = sum(r.get("trajectories") or 0 for r in records)
+    out["staleness_max"] = max((r.get("staleness_max") or 0) for r in records)
+    out["rollout_only_s"] = sum(r.get("rollout_only_s") or 0.0 for r in records)
+    out["rollout_only_fraction"] = out["rollout_only_s"] / wall if wall > 0 else None
+    for key in ("c1_violations", "c2_violations", "c3_violations", "migrated_requests", "reprefill_tokens"):
+        out[key] = sum(r.get(key) or 0 for r in records)
+    return clean_json(out)
+
+
+def write_summary(run_dir: str, summary: dict[str, Any]) -> str:
+    path = os.path.join(run_dir, "summary.json")
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(clean_json(summary), fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    return path

@@ -1,0 +1,129 @@
+"""The KV block pool's bookkeeping (no tensors): which blocks are free, who holds each, and the
+prefix cache.
+
+A block holds `block_size` consecutive tokens' KV of one sequence. Block 0 is never handed out:
+it is where padded rows of a captured decode batch write (the "slot -1" of other engines), so
+they never touch a real request's KV. A block may be held by several sequences (ref count) when
+it is a full block of a shared prefix: the G samples of a group hold their prompt's blocks once.
+
+Prefix cache: a full block is known by a hash chained over every token before it and seeded
+with the weights version that computed it (KV of other weights is not the same KV). A block is
+`ready` once its KV is computed; a sequence that would share a block still being computed waits
+for it rather than computing it again. Freed blocks keep their hash and go to the back of the
+free list, so the least recently freed is reused first and a prefix freed a moment ago is still
+found.
+"""
+
+from __future__ import annotations
+
+import collections
+
+TRASH_BLOCK = 0
+
+
+def chain_hash(prev: int, tokens: tuple[int, ...]) -> int:
+    return hash((prev, tokens))
+
+
+def version_seed(version: int) -> int:
+    return hash(("dora-kv", int(version)))
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int):
+        if num_blocks < 2:
+            raise ValueError(f"KV block pool: {num_blocks} blocks; at least 2 are needed (block 0 is reserved)")
+        self.block_size = block_size
+        self.num_blocks = 0
+        self.refs: list[int] = []
+        self.hash_of: list[int | None] = []
+        self.tokens_of: list[tuple[int, ...] | None] = []   # the block's tokens, to rule out hash collisions
+        self.ready: list[bool] = []
+        self.by_hash: dict[int, int] = {}
+        self.free: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self.grow(num_blocks)
+        self.free.pop(TRASH_BLOCK)
+        self.refs[TRASH_BLOCK] = 1
+
+    # ------------------------------------------------------------ size
+    def grow(self, num_blocks: int) -> None:
+        """Add blocks up to num_blocks in all (the KV tensor grew to match)."""
+        for b in range(self.num_blocks, num_blocks):
+            self.refs.append(0)
+            self.hash_of.append(None)
+            self.tokens_of.append(None)
+            self.ready.append(False)
+            self.free[b] = None
+        self.num_blocks = max(self.num_blocks, num_blocks)
+
+    @property
+    def free_count(self) -> int:
+        return len(self.free)
+
+    @property
+    def used_count(self) -> int:
+        return self.num_blocks - 1 - len(self.free)
+
+    # ------------------------------------------------------------ holding blocks
+    def take(self, n: int) -> list[int]:
+        """n fresh blocks (the least recently freed first; their cached prefix is forgotten)."""
+        if n > len(self.free):
+            raise RuntimeError(f"KV block pool: {n} blocks wanted, {len(self.free)} free")
+        out = []
+        for _ in range(n):
+            b, _ = self.free.popitem(last=False)
+            self._forget(b)
+            self.refs[b] = 1
+            out.append(b)
+        return out
+
+    def share(self, b: int) -> None:
+        if self.refs[b] == 0:
+            del self.free[b]
+        self.refs[b] += 1
+
+    def release(self, blocks: list[int]) -> None:
+        for b in reversed(blocks):   # the tail first: a prefix's head stays cached longest
+            self.refs[b] -= 1
+            if self.refs[b] == 0:
+                if not self.ready[b]:
+                    self._forget(b)   # never computed: nobody may find it
+                self.free[b] = None
+
+    # ------------------------------------------------------------ prefix cache
+    def match(self, hashes: list[int], blocks_tokens: list[tuple[int, ...]]) -> tuple[list[int], bool]:
+        """The cached blocks of the longest ready prefix, and whether the next block is being
+        computed by another sequence right now (then the caller waits for it)."""
+        found = []
+        for h, toks in zip(hashes, blocks_tokens):
+            b = self.by_hash.get(h)
+            if b is None or self.tokens_of[b] != toks:
+                return found, False
+            if not self.ready[b]:
+                return found, True
+            found.append(b)
+        return found, False
+
+    def free_among(self, blocks: list[int]) -> int:
+        return sum(1 for b in blocks if self.refs[b] == 0)
+
+    def register(self, b: int, h: int, tokens: tuple[int, ...], ready: bool) -> None:
+        """Make block b findable as the full block with chained hash h (first holder wins)."""
+        if self.hash_of[b] == h:
+            self.ready[b] = self.ready[b] or ready
+            return
+        self._forget(b)
+        self.hash_of[b], self.tokens_of[b], self.ready[b] = h, tokens, ready
+        self.by_hash.setdefault(h, b)
+
+    def _forget(self, b: int) -> None:
+        h = self.hash_of[b]
+        if h is not None and self.by_hash.get(h) == b:
+            del self.by_hash[h]
+        self.hash_of[b], self.tokens_of[b], self.ready[b] = None, None, False
+
+    def forget_all(self) -> None:
+        """Drop the prefix cache (the KV tensor was released)."""
+        for b in range(self.num_blocks):
+            self.hash_of[b], self.tokens_of[b], self.ready[b] = None, None, False
+        self.by_hash.clear()

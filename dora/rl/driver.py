@@ -1,0 +1,292 @@
+"""The RL driver: runs DORA's rollout control code (dora.rl.rollout) against real workers.
+
+The controller streams the graph as dataflow, except two edges it hands to this driver:
+
+    dataset -> generate   prompts arrive here (PromptFeed); the RolloutController decides which
+                          version tags each prompt group and which generate replica runs it
+    X -> update           scored trajectories arrive here (X is whatever feeds the trainer:
+                          advantage, filter, ...); the TransferQueue decides when the trainer
+                          gets exactly TBS of them, whole groups, oldest version first
+
+Generate replicas are RolloutInstances through `ReplicaInstance` (control calls: load_version,
+export, import_, interrupt_all, stats). Events from the ops close the loop: `finished` (generate)
+-> on_finished, `train_step` -> on_trained + a metrics line, `weights` -> on_published.
+With `async.elastic`, spare generate replicas on the trainer's devices serve rollout while the
+trainer waits (dora/rl/elastic_lending.py): lent when the trainer idles, reclaimed before a
+batch is taken for it. Checkpoints and resume: dora/rl/run_state.py.
+The same RolloutController runs in the simulator on a virtual clock (dora/sim).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from dora.graph.resolve import Resolved
+from dora.observe.trace import TraceWriter
+from dora.rl import run_state
+from dora.rl.clock import RunClock
+from dora.rl.elastic_lending import ElasticLending
+from dora.rl.prompt_feed import PromptFeed
+from dora.rl.replica_instance import CALL_TIMEOUT_S, ReplicaInstance
+from dora.rl.roles import RLRoles
+from dora.rl.rollout import Finished, RolloutConfig, RolloutController
+from dora.rl.step_record import add_trainer_metrics, step_record
+from dora.rl.trainer_feed import TrainerFeed
+
+RESPAWNABLE_OPS = ("generate", "reward", "advantage", "filter", "reference")
+UNTRAINED = ("dispatched", "trained", "in_training_at_end", "finished_untrained", "in_flight_at_end", "lost",
+             "dropped", "c1_violations", "c2_violations", "c3_violations")
+
+
+class RLDriver:
+    """Controller driver for RL graphs: the rollout control code on the wall clock."""
+
+    def __init__(self, resolved: Resolved, roles: RLRoles, metrics, progress, trace: TraceWriter | None = None):
+        self.graph, self.roles, self.params = resolved.graph, roles, resolved.params
+        self.metrics, self.progress = metrics, progress
+        self.trace = trace or TraceWriter(enabled=True)
+        a = resolved.async_
+        self.cfg = RolloutConfig(mode=a.mode, train_batch=a.train_batch, rollout_batch=a.rollout_batch,
+                                 group_size=a.group_size, max_staleness=a.max_staleness,
+                                 rebalance_period_s=2.0, kv_check_s=1.0).resolved()
+        self.total_steps = self.params[roles.update]["steps"]
+        self.run_cfg = resolved.run
+        self.ctrl = None                       # set by attach()
+        self.rc: RolloutController | None = None
+        self.clock = RunClock()
+        self.prompts = PromptFeed(self.graph.nodes[roles.dataset].replicas, self.cfg.group_size, self.cfg.rollout_batch)
+        self.feed = TrainerFeed()
+        self.weight_paths: dict[int, str] = {}
+        self.weight_loads = 0
+        self.weight_sync: dict[int, tuple] = {}            # version -> (seconds, bytes) of its hand-off
+        self.published_at: dict[int, float] = {}           # version -> when its weights event arrived
+        self.steps_done = 0
+        self.filtered_uids: list[str] = []
+        self.reward_errors = 0
+        self.accounting: dict[str, Any] = {}
+        self._done = False
+        self.stop_reason = None
+        # checkpoints and resume (dora/rl/run_state.py)
+        self.initial_version = 0
+        self.trained_before = 0                      # trajectories trained by earlier segments of this run
+        self.trained_here = 0                        # ... and by this one
+        self.reissued_at_resume = 0
+        self.restored_finished: list = []
+        self.snapshot = None                         # taken at a checkpoint step's publish, written at its train_step
+        self.checkpoints: list[str] = []
+        self.checkpoint_log: list[dict[str, Any]] = []   # {step, seconds, bytes} of each checkpoint written
+        self.resolved_ops = {n: resolved.op_of(n) for n in self.graph.nodes}
+        self.respawns = 0
+        self.elastic: ElasticLending | None = None   # async.elastic: set up with the rollout controller
+
+    # ------------------------------------------------------------ controller hooks
+    def attach(self, ctrl) -> None:
+        self.ctrl = ctrl
+
+    def managed_edges(self) -> list[tuple[str, str]]:
+        return [(self.roles.dataset, self.roles.generate), (self.roles.trainer_feed, self.roles.update)]
+
+    def wants(self, src_node: str) -> bool:
+        return self.prompts.wants() if src_node == self.roles.dataset else True
+
+    def on_batch(self, src_node: str, batch: pa.RecordBatch) -> None:
+        if src_node == self.roles.dataset:
+            self.prompts.add(batch)
+            if self.rc is not None and not self.prompts.dataset_done:
+                # A short buffer earlier was prompts still in transit, not the end of the dataset.
+                self.rc.manager.exhausted = False
+                self.rc.tick()
+        else:
+            self.feed.add(batch, self.prompts.is_open)
+        self._maybe_train()
+
+    def on_event(self, node: str, replica: int, ev: dict[str, Any]) -> None:
+        kind = ev.get("kind")
+        if kind == "finished" and node == self.roles.generate:
+            self._on_finished(node, replica, ev)
+        elif kind == "weights":
+            self._on_weights(ev)
+        elif kind == "train_step":
+            self._on_train_step(ev)
+        elif kind == "filtered":
+            uids = [str(u) for u in ev.get("uids", [])]
+            self.filtered_uids += uids
+            self.prompts.close(uids)
+            if self._rc().on_dropped(uids, reason="filtered"):
+                # The batch we were waiting to complete held a dropped group: it went back to the
+                # queue whole, and the next take builds one without it. (A batch already sent to
+                # the trainer cannot hold one: its rows all came through the filter.)
+                self.feed.pending = None
+        elif kind == "reward_errors":
+            self.reward_errors += len(ev.get("uids", []))
+        elif kind == "wire_rejected":   # the first few per worker come with their reason; all are counted
+            self.progress.status(f"{node}[{replica}] rejected a message: {ev.get('error')}")
+        elif kind == "done" and node == self.roles.update:
+            self._done = True
+        self._maybe_train()
+
+    def on_eos(self, src_node: str, dst_node: str) -> None:
+        # The generate replicas must stay up (they finish what is in flight, and are driven by
+        # control calls), so the edge is not closed: the run ends through done().
+        if src_node == self.roles.dataset:
+            self.prompts.dataset_done = True
+
+    def tick(self, now: float) -> None:
+        if self.rc is None and (not self.prompts.enough_to_start() or self.initial_version not in self.weight_paths):
+            return   # (a resumed run also waits for the trainer to publish the version it resumes at)
+        rc = self._rc()
+        rc.tick()
+        self._maybe_train()
+        if (self.prompts.dataset_done and not self.prompts.waiting and rc.manager.r_sum == 0
+                and self.feed.pending is None and self.feed.sent is None and not rc.trainer_ready() and not self._done):
+            # Finite dataset used up: everything generated is trained or accounted as untrained.
+            self.stop_reason = f"dataset exhausted after {self.steps_done} of {self.total_steps} steps"
+            self.progress.status(self.stop_reason)
+            self._done = True
+
+    def done(self) -> bool:
+        return self._done
+
+    def on_stop(self, reason: str) -> None:
+        """The run is asked to stop (a signal): dispatch no more, checkpoint what the trainer has trained."""
+        self._done = True
+        run_state.checkpoint_at_stop(self)
+        self.stop_reason = f"stopped by {reason} after {self.steps_done} of {self.total_steps} steps"
+
+    # ------------------------------------------------------------ replicas that die (run controller)
+    def respawnable(self, node: str) -> bool:
+        """Ops that keep nothing across batches can be restarted: what they held is reissued."""
+        return self.resolved_ops.get(node) in RESPAWNABLE_OPS
+
+    def on_replica_lost(self, node: str, replica: int, why: str) -> None:
+        """Replica node[replica] died and a new process took its place (the run controller calls this
+        once it is up): reissue what the dead one held, whole groups, onto live replicas."""
+        self.progress.status(f"{node}[{replica}] lost ({why.splitlines()[0][:120]}); respawned, its work reissued")
+        self.respawns += 1
+        rc = self._rc()
+        if node == self.roles.generate and self.elastic is not None and self.elastic.owns(replica):
+            gids, revoked = self.elastic.replaced(replica)
+        elif node == self.roles.generate:
+            name = f"{node}[{replica}]"
+            rc.manager.instances[name].version = 0   # the new process holds the seeded initial weights
+            gids, revoked = rc.instance_replaced(name)
+        else:   # rows in its hands (or queued to it) are gone: every group not wholly scored goes again
+            sent = set(self.feed.sent["uids"]) if self.feed.sent else set()
+            gids = [g for g, uids in self.prompts.open_groups.items()
+                    if not all(u in self.feed.scored for u in uids) and uids[0] not in sent]
+            revoked = rc.on_dropped([self.prompts.open_groups[g][0] for g in gids], reason="replica_lost")
+        if revoked:
+            self.feed.pending = None
+        self.reissue(gids)
+
+    def reissue(self, gids: list[str]) -> None:
+        """Dispatch these groups again, first, as new groups (PromptFeed.reissue)."""
+        if self.prompts.reissue(gids, forget=lambda uid: self.feed.scored.pop(uid, None)) and self.rc is not None:
+            self.rc.manager.exhausted = False
+            self.rc.tick()
+
+    def restore(self, state: dict[str, Any], pending: pa.Table | None) -> None:
+        """Start from a checkpoint (dora run --resume): see dora/rl/run_state.py."""
+        run_state.restore(self, state, pending)
+
+    def finish(self) -> dict[str, Any]:
+        """Account for every dispatched trajectory (called once the run is over)."""
+        if not self.accounting:
+            # (no rollout controller: the run ended before any dispatch, e.g. a resumed run already complete)
+            a = self.rc.finish() if self.rc is not None else {k: 0 for k in UNTRAINED}
+            a["filtered"] = len(self.filtered_uids)
+            a["reward_errors"] = self.reward_errors
+            # a resumed run: this segment's identity holds on its own; these tie it to the earlier ones
+            a["trained_before_resume"] = self.trained_before
+            a["reissued_at_resume"] = self.reissued_at_resume
+            a["trained_total"] = self.trained_before + a["trained"]
+            a["respawns"] = self.respawns
+            a["reissued_requests"] = self.prompts.reissued_requests
+            a["late_rows_dropped"] = self.feed.late_rows
+            self.accounting = a
+        return self.accounting
+
+    # ------------------------------------------------------------ internals
+    def _rc(self) -> RolloutController:
+        if self.rc is None:
+            gen = self.graph.nodes[self.roles.generate]
+            slots = self.params[self.roles.generate]["max_batch"]
+            instances = [ReplicaInstance(self, gen.name, r, slots) for r in range(gen.replicas)]
+            self.rc = RolloutController(self.cfg, instances, self.prompts.take, self.clock, trace=self.trace,
+                                        initial_version=self.initial_version)
+            self.rc.restore_finished(self.restored_finished)
+            self.rc.start()
+            spares = [r.replica for r in self.ctrl.plan.of(gen.name) if r.spare]
+            if spares:
+                self.elastic = ElasticLending(self, [ReplicaInstance(self, gen.name, r, slots) for r in spares])
+        return self.rc
+
+    def _on_finished(self, node: str, replica: int, ev: dict[str, Any]) -> None:
+        n = len(ev["uids"])
+        done = [Finished(str(u), int(rt), tuple(tv) if tv else None)
+                for u, tv, rt in zip(ev["uids"], ev.get("token_versions") or [None] * n,
+                                     ev.get("response_tokens") or [0] * n)]
+        self._rc().on_finished(f"{node}[{replica}]", done)
+        if self.elastic is not None:
+            self.elastic.on_finished(replica, [f.response_tokens for f in done])
+
+    def _on_weights(self, ev: dict[str, Any]) -> None:
+        version = int(ev["version"])
+        self.published_at[version] = self.clock.now()   # the step it ends was over by then
+        self.weight_paths[version] = ev["path"]
+        self.weight_sync[version] = (ev.get("seconds"), ev.get("bytes"))
+        if version == self.initial_version:
+            return   # the trainer's starting weights (replicas hold v0, or load a resumed version at start)
+        if run_state.checkpoint_due(version, self.total_steps, self.run_cfg.save_every):
+            self.snapshot = run_state.capture(self, version)   # before any request of this version exists
+        if self.elastic is not None:
+            self.elastic.publish(version)
+        else:
+            self._rc().on_published(version)
+
+    def _maybe_train(self) -> None:
+        feed = self.feed
+        if self.rc is None or feed.sent is not None or self._done or feed.batches_sent >= self.total_steps:
+            return   # (after the last step nothing more is taken: the rest is accounted as untrained)
+        elastic = self.elastic
+        if elastic is not None and elastic.busy:
+            return   # (events delivered inside a lend or reclaim come back here)
+        if feed.pending is None and self.rc.trainer_ready():
+            if elastic is not None:
+                elastic.reclaim()   # the trainer's devices come back before its batch is taken
+            if self.rc.trainer_ready():
+                feed.pending = [t.uid for t in self.rc.take_batch()]
+        if feed.pending is None:
+            if elastic is not None:
+                elastic.maybe_lend()
+            return
+        batch = feed.complete_batch()
+        if batch is not None:
+            self.ctrl.send(self.roles.update, 0, "batch", batch, timeout=CALL_TIMEOUT_S)
+
+    def _on_train_step(self, ev: dict[str, Any]) -> None:
+        sent = self.feed.trained(ev.get("uids", []))
+        step, version = int(ev["step"]), int(ev["version"])
+        now = self.clock.now()
+        end = self.published_at.pop(version, now)   # the trainer publishes right after its step, then reports it
+        self.trace.span("trainer", "update", f"train step {step}", end - float(ev.get("seconds") or 0.0), end,
+                        version=version)
+        # The rollout controller numbers a step by the trainer version it starts from.
+        self._rc().on_trained(version - 1, version, [str(u) for u in ev.get("uids", sent["uids"])])
+        sm = self.rc.step_metrics[-1].to_dict() if self.rc.step_metrics else {}
+        counters = {"wire_rejected": self.ctrl.rejected(), "respawns": self.respawns,
+                    "reissued_requests": self.prompts.reissued_requests}
+        rec = step_record(step=step, version=version, sent=sent, sm=sm, ev=ev, wall_s=now, counters=counters,
+                          weight_sync=self.weight_sync.get(version, (None, None)),
+                          extra=self.elastic.step_metrics() if self.elastic is not None else {})
+        add_trainer_metrics(rec, ev.get("metrics") or {})
+        self.metrics.write(rec)
+        self.progress.step(rec)
+        self.steps_done = step
+        self.trained_here += len(sent["uids"])
+        self.prompts.close(sent["uids"])   # trained: the run forgets them (a long run's memory stays flat)
+        if self.snapshot is not None and self.snapshot.step == version:
+            snap, self.snapshot = self.snapshot, None
+            run_state.commit_timed(self, snap)

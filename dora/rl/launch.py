@@ -1,0 +1,179 @@
+"""`dora run P.yaml [k=v ...] [--backend local|ray] [--out DIR] [--seed N] [--dry-run] [--dashboard [PORT]]`.
+
+Loads and validates the pipeline (exit 2 on bad input, every error at once), plans placement,
+then runs it: RL graphs (dataset -> generate -> ... -> update) under the RLDriver, any other graph
+as plain streaming dataflow. Writes DIR/metrics.jsonl, DIR/summary.json, DIR/trace.json and
+checkpoints (DIR/checkpoints/step_N, loadable by transformers), DIR/state.json (the dashboard's
+data, dora/observe/dashboard) and what `run.loggers` asks for (DIR/tb, DIR/wandb).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+from dora.rl.execute import execute
+from dora.runtime.run_controller import START_TIMEOUT_S, STALL_TIMEOUT_S
+
+__all__ = ["execute", "load_graph", "run_main"]
+
+EXAMPLE = """example:
+  dora run pipelines/quickstart.yaml --out runs/quickstart
+  dora run pipelines/quickstart.yaml async.mode=dora async.max_staleness=2 --out runs/q-dora
+  dora run pipelines/grpo.yaml --dry-run          # print the placement plan and exit
+  dora run pipelines/quickstart.yaml async.mode=dora --dashboard      # live page on 127.0.0.1
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    from dora.observe.dashboard import live
+    p = argparse.ArgumentParser(prog="dora run", description="Run a pipeline.", epilog=EXAMPLE,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("pipeline", nargs="?", help="pipeline YAML file (with --resume: the run's own pipeline.yaml)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides (omegaconf dotted paths)")
+    p.add_argument("--backend", choices=("local", "ray"), default="local")
+    p.add_argument("--out", default=None, help="run directory (default runs/<name>-<time>)")
+    p.add_argument("--seed", type=_seed, default=None, help="run seed (default: run.seed in the YAML, else 0)")
+    p.add_argument("--dry-run", action="store_true", help="print the placement plan and exit")
+    p.add_argument("--resume", metavar="RUN_DIR", default=None,
+                   help="continue a run from its last complete checkpoint (metrics and ledgers are appended)")
+    p.add_argument("--overwrite", action="store_true", help="start afresh in an --out that holds an earlier run")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--deadline", type=_seconds, default=None,
+                   help="fail the run after this many seconds (default: no wall-clock limit; every wait still has its own bound)")
+    p.add_argument("--start-timeout", type=_seconds, default=START_TIMEOUT_S,
+                   help=f"fail if workers are not up within this many seconds (imports, model load; default {START_TIMEOUT_S:.0f})")
+    p.add_argument("--stall-timeout", type=_seconds, default=STALL_TIMEOUT_S,
+                   help="fail a replica that stays inside one op call this long with no sign of progress "
+                        f"(default {STALL_TIMEOUT_S:.0f})")
+    live.add_flag(p)
+    p.add_argument("--hb-timeout", type=_seconds, default=30.0,
+                   help="declare a worker dead after this many seconds without a heartbeat (generous: a 2-core "
+                        "machine running torch in every worker can starve a heartbeat thread for seconds)")
+    return p
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A CLI duration: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def run_main(argv: list[str] | None = None) -> int:
+    p = _parser()
+    try:
+        # intermixed: overrides may come after options (`dora run p.yaml --out d k=v`)
+        from dora.observe.dashboard.live import bare_flag_first, check_port
+        args = p.parse_intermixed_args(bare_flag_first(sys.argv[1:] if argv is None else argv))
+    except SystemExit as e:
+        return 0 if e.code == 0 else 2
+    if check_port(args.dashboard):
+        print(f"dora run: {check_port(args.dashboard)}", file=sys.stderr)
+        return 2
+    resume = None
+    if args.resume:
+        # the run's own pipeline; a positional argument is then an override like the rest
+        args.overrides = ([args.pipeline] if args.pipeline else []) + args.overrides
+        args.pipeline, args.out = os.path.join(args.resume, "pipeline.yaml"), args.resume
+        resume = _checkpoint_to_resume(args.resume)
+        if resume is None:
+            return 2
+    elif args.pipeline is None:
+        print("dora run: give a pipeline file (or --resume RUN_DIR)", file=sys.stderr)
+        return 2
+    graph = load_graph(args.pipeline, args.overrides)
+    if graph is None:
+        return 2
+    from dora.graph.resolve import resolve
+    resolved = resolve(graph)   # cannot fail: validation ran the same checks
+    if args.backend == "local":
+        from dora.runtime.backends.local import resolve_transport
+        try:
+            resolve_transport()   # checks DORA_TRANSPORT before anything starts
+        except ValueError as e:
+            print(f"dora run: {e}", file=sys.stderr)
+            return 2
+    from dora.rl.elastic_lending import elastic_spares
+    from dora.runtime.placement import Inventory, format_plan, gpu_shortfall, plan as make_plan
+    machine = Inventory.detect()
+    try:
+        plan = make_plan(graph, spares=elastic_spares(graph))   # planning needs no device: the pools' own GPU count
+    except ValueError as e:
+        print(f"dora run: {args.pipeline}: cannot place the graph: {e}", file=sys.stderr)
+        return 2
+    if args.backend == "ray" and any(r.spare for r in plan.replicas):
+        # Ray places each replica in its own placement group: a spare would get devices of its own,
+        # not the trainer's, and lending them would measure nothing
+        print(f"dora run: {args.pipeline}: async.elastic runs on the local backend only (its spares share the "
+              "trainer's devices; Ray would give them their own)", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(format_plan(plan, args.backend, machine))
+        return 0
+    short = gpu_shortfall(graph, machine) if args.backend == "local" else None
+    if short:
+        print(f"dora run: {args.pipeline}: {short}", file=sys.stderr)
+        return 2
+    seed = args.seed if args.seed is not None else resolved.run.seed
+    run_dir = args.out or resolved.run.out or os.path.join("runs", f"{graph.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if resume is None and not args.overwrite and _holds_a_run(run_dir):
+        print(f"dora run: {run_dir} holds an earlier run: continue it with --resume {run_dir}, or start afresh "
+              "with --overwrite or another --out (nothing was touched)", file=sys.stderr)
+        return 2
+    os.makedirs(run_dir, exist_ok=True)
+    return execute(graph, run_dir, backend=args.backend, seed=seed, quiet=args.quiet, deadline_s=args.deadline,
+                   source=args.pipeline, hb_timeout=args.hb_timeout, resolved=resolved,
+                   start_timeout_s=args.start_timeout, stall_timeout_s=args.stall_timeout, resume=resume,
+                   dashboard_port=args.dashboard)
+
+
+def _holds_a_run(run_dir: str) -> bool:
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    return (os.path.isfile(metrics) and os.path.getsize(metrics) > 0) or os.path.isdir(os.path.join(run_dir, "checkpoints"))
+
+
+def _checkpoint_to_resume(run_dir: str):
+    """(checkpoint folder, run state, pending trajectories) of the run's last complete checkpoint, or
+    None after saying why not (exit 2)."""
+    from dora.rl import checkpoint
+    if not os.path.isfile(os.path.join(run_dir, "pipeline.yaml")):
+        print(f"dora run: --resume {run_dir}: not a run directory (no pipeline.yaml)", file=sys.stderr)
+        return None
+    found = checkpoint.latest(run_dir)
+    if found is None:
+        print(f"dora run: --resume {run_dir}: no complete checkpoint in {run_dir}/checkpoints", file=sys.stderr)
+        return None
+    state, pending = checkpoint.read(found[1])
+    return found[1], state, pending
+
+
+def load_graph(path: str, overrides: list[str]):
+    """The validated graph, or None after printing every diagnostic (file:line) to stderr."""
+    from dora.graph.diagnostics import errors_of
+    from dora.graph.validate import check_file
+    graph, diags = check_file(path, overrides)
+    for d in diags:
+        print(d.format(), file=sys.stderr)
+    errs = errors_of(diags)
+    if graph is None or errs:
+        print(f"{path}: {len(errs)} error(s); nothing was run", file=sys.stderr)
+        return None
+    return graph

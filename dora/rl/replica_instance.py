@@ -1,0 +1,97 @@
+"""A generate replica as the rollout control code sees it (a RolloutInstance): every method is a
+control call to the replica's generate op, through the run controller. `driver` is the RLDriver
+that owns it: its controller, clock, trace, the published weights and the prompt feed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from dora.rl.rollout import InstanceStats, Request, RequestState
+from dora.runtime.errors import ReplicaLost
+from dora.runtime.wire import WithBuffers
+
+CALL_TIMEOUT_S = 120.0   # a weight load of a small model on a busy 2-core machine takes seconds, not minutes
+
+
+class ReplicaInstance:
+    """One generate replica seen by the rollout control code: every method is a control call."""
+
+    def __init__(self, driver, node: str, replica: int, slots: int):
+        self.driver, self.node, self.replica, self.slots = driver, node, replica, slots
+        self.name = f"{node}[{replica}]"
+        self.version: int | None = 0    # every replica starts from the same seeded version-0 weights
+
+    def _call(self, method: str, args: dict[str, Any], buffers: list[Any] = ()) -> Any:
+        """A control call; None if the replica died first. The control code then goes on as if the call
+        had done nothing, and the driver reissues whatever the dead replica held (on_replica_lost)."""
+        try:
+            return self.driver.ctrl.call(self.node, self.replica, method, args, timeout=CALL_TIMEOUT_S, buffers=buffers)
+        except ReplicaLost:
+            return None
+
+    def load_version(self, v: int) -> None:
+        if v == self.version:
+            return
+        path = self.driver.weight_paths[v]
+        clock = self.driver.clock
+        t0 = clock.now()
+        self._call("load_version", {"version": v, "path": path})
+        self.driver.trace.span("rollout", self.name, "load_weights", t0, clock.now(),
+                               version=v)
+        self.driver.weight_loads += 1
+        self.version = v
+
+    def submit(self, reqs: list[Request]) -> None:
+        if not reqs:
+            return
+        rows = []
+        for r in reqs:
+            row = dict(r.payload)
+            row["policy_version"] = r.version
+            rows.append(row)
+        batch = pa.RecordBatch.from_pylist(rows, schema=self.driver.prompts.schema)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        # over the control channel, so it stays ordered with load_version / export / interrupt_all
+        self._call("submit", {}, buffers=[sink.getvalue()])
+
+    def _states(self, result: Any) -> list[RequestState]:
+        """Engine states (dora.ops.engines.engine.states_to_wire) as the control code's RequestStates;
+        each keeps its own wire dict and raw KV frames as payload, ready for import elsewhere."""
+        value, buffers = (result.value, list(result.buffers)) if isinstance(result, WithBuffers) else (result or {}, [])
+        out, at = [], 0
+        for d, count in zip(value.get("states", []), value.get("frame_counts", [])):
+            frames = buffers[at:at + count]
+            at += count
+            req = d["request"]
+            uid = str(req["uid"])
+            has_kv = d.get("kv") is not None and d.get("kv_version") == req["version"]
+            out.append(RequestState(
+                uid=uid, group_id=self.driver.prompts.group_of(uid), version=int(req["version"]),
+                prompt_tokens=len(req["prompt_ids"]), tokens_done=len(d["response_ids"]), has_kv=has_kv,
+                kv_bytes=sum(len(f) for f in frames), payload=(d, frames),
+                token_versions=tuple(sorted(set(d["token_versions"])))))
+        return out
+
+    def export(self, uids: list[str]) -> list[RequestState]:
+        return self._states(self._call("export", {"uids": list(uids)}))
+
+    def interrupt_all(self) -> list[RequestState]:
+        return self._states(self._call("interrupt_all", {}))
+
+    def import_(self, states: list[RequestState]) -> None:
+        if not states:
+            return
+        wire_states = [st.payload[0] for st in states]
+        frames = [f for st in states for f in st.payload[1]]
+        counts = [len(st.payload[1]) for st in states]
+        self._call("import_", {"state": {"states": wire_states, "frame_counts": counts}}, buffers=frames)
+
+    def stats(self) -> InstanceStats:
+        s = self._call("stats", {}) or {}
+        cap = max(1, int(s.get("kv_tokens_capacity") or 0))
+        return InstanceStats(active=int(s.get("active", 0)), queued=int(s.get("queued", 0)), slots=self.slots,
+                             kv_used_fraction=float(s.get("kv_tokens_used", 0)) / cap)

@@ -1,0 +1,50 @@
+"""One line of metrics.jsonl: what a training step trained and what rollout did meanwhile.
+
+Built by the RL driver from the trainer's `train_step` event, the batch it sent, and the rollout
+controller's StepMetrics of that step. The keys DESIGN.md lists are a contract (see
+dora/observe/metrics.py, REQUIRED_KEYS); the trainer's own metrics join under their names (or
+`train/<name>` where a name is taken)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def step_record(*, step: int, version: int, sent: dict[str, Any], sm: dict[str, Any], ev: dict[str, Any],
+                wall_s: float, counters: dict[str, Any], weight_sync: tuple[Any, Any],
+                extra: dict[str, Any]) -> dict[str, Any]:
+    """`sent`: the batch as the driver sent it (uids, reward_mean, tokens, response_tokens); `sm`: the
+    rollout controller's StepMetrics as a dict; `counters`: run-wide counts to stamp on the line;
+    `extra`: more of the step's metrics (elastic lending's)."""
+    step_time = float(sm.get("step_time_s") or 0.0) or 1e-9
+    lengths = sorted(sent["response_tokens"]) or [0]
+    rec = {   # (key order is the order of metrics.jsonl's columns)
+        "step": step, "policy_version": version, "reward_mean": sent["reward_mean"],
+        "staleness_max": sm.get("staleness_max", 0), "staleness_mean": sm.get("staleness_mean", 0.0),
+        "step_time_s": step_time, "rollout_only_s": sm.get("rollout_only_s", 0.0), "tokens": sent["tokens"],
+        "tokens_per_s": sent["tokens"] / step_time, "trajectories": len(sent["uids"]),
+        "c1_violations": sm.get("c1_violations", 0), "c2_violations": sm.get("c2_violations", 0),
+        "c3_violations": sm.get("c3_violations", 0), "versions_live": sm.get("versions_live", 0),
+        "migrated_requests": sm.get("migrated_requests", 0), "reprefill_tokens": sm.get("reprefill_tokens", 0),
+        "weight_loads": sm.get("weight_loads", 0), "response_len_max": lengths[-1],
+        "response_len_median": lengths[len(lengths) // 2], "train_s": ev.get("seconds"),
+        "wall_s": wall_s, **counters,
+        "weight_sync_s": weight_sync[0], "weight_sync_bytes": weight_sync[1], **extra,
+    }
+    for pool, frac in (sm.get("idle_fraction") or {}).items():
+        rec[f"idle_fraction_{pool}"] = frac
+    return rec
+
+
+def add_trainer_metrics(rec: dict[str, Any], metrics: dict[str, Any]) -> None:
+    """The trainer's own metrics, under their names, or `train/<name>` where the name is taken."""
+    for k, v in metrics.items():
+        rec.setdefault(f"train/{k}" if k in rec else k, v)
+
+
+def batch_summary(uids: list[str], rows: list[dict[str, Any]], sent_at: float) -> dict[str, Any]:
+    """What the driver remembers of a batch it sent to the trainer (for the step's record)."""
+    rewards = [float(r["reward"]) for r in rows if r.get("reward") is not None]
+    return {"uids": uids, "sent_at": sent_at, "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+            "tokens": sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows),
+            "response_tokens": [len(r["response_ids"]) for r in rows]}

@@ -1,7 +1,0 @@
-"""sync: K=0, RBS=TBS. Dispatch TBS for version v, wait for all of it, train, publish v+1."""
-
-from .batch import BatchPolicy
-
-
-class SyncPolicy(BatchPolicy):
-    name = "sync"
