@@ -15,11 +15,13 @@ mid-turn resumes anywhere. A trajectory waiting on a tool is exported as a Seque
 KV and meta["tool_wait"]: the observation when its tool already finished, else the parsed calls,
 which the importing replica runs again (the sandboxed tools have no side effects that persist).
 
-Continuation through today's Engine interface: each turn is a new request with the whole context
-(prompt + tokens so far) as prompt_ids, so the engine prefills it again. `_submit` and `_release`
-are the one place to change for an engine that parks a finished request's KV
-(SamplingRequest(keep_kv=True) on every turn, SamplingRequest(continues=uid, prompt_ids=<the new
-observation tokens only>) for the next turn, engine.release(uid) when the trajectory ends).
+Continuation: each turn is a new request with the whole context (prompt + tokens so far) as
+prompt_ids, prefilled in full. `_request`, `_submit` and `_release` are where KV parking goes in
+(the torch engine's keep_kv / continues / release: keep_kv=True on every turn, continues=<the
+previous turn's request> with the same whole-context prompt_ids, release when the trajectory ends
+or leaves the replica). That engine refuses a request that continues its own uid, so parking needs
+either per-turn request uids mapped back to the trajectory's uid (export, import_, abort) or an
+engine that lets a uid continue its own parked KV.
 Contract: docs/architecture.md, "Tools and multi-turn rollouts".
 """
 
