@@ -139,6 +139,32 @@ def test_export_import_mid_turn_and_in_a_tool_wait_changes_nothing():
     assert sorted(u for e in b_events for u in e["uids"]) == sorted(want)
 
 
+def test_a_tool_wait_moves_with_its_finished_output_or_its_calls():
+    """Exported while its tool runs, a trajectory carries its parsed calls (run again where it lands);
+    exported after the tool finished, it carries the output. Either way it ends as it would have."""
+    ref, _ = make_op(GREEDY)
+    ref.process(prompts("tt"), "prompts")
+    want = {r["uid"]: r for r in drain(ref)}
+    a, _ = make_op(GREEDY, 0)
+    b, _ = make_op(GREEDY, 1)
+    a.process(prompts("tt"), "prompts")
+    while len(a.agent.waiting) < 2:
+        a.poll()
+    running = not a.agent.runner.jobs["u0"].done()
+    state0, frames0 = _wire(a.call("export", {"uids": ["u0"]}))
+    a.agent.runner.jobs["u1"].result(timeout=10)
+    state1, frames1 = _wire(a.call("export", {"uids": ["u1"]}))
+    (wait0,), (wait1,) = [[s["request"]["meta"]["tool_wait"] for s in st["states"]] for st in (state0, state1)]
+    assert "outcome" in wait1 and ("calls" in wait0 if running else "outcome" in wait0)
+    b.call("import_", {"state": state0, "buffers": frames0})
+    b.call("import_", {"state": state1, "buffers": frames1})
+    got = {r["uid"]: r for r in drain(b)}
+    assert not a.busy() and set(got) == {"u0", "u1"}
+    for uid, r in got.items():
+        assert (r["response_ids"], r["response_mask"], r["tool_calls"]) == (
+            want[uid]["response_ids"], want[uid]["response_mask"], want[uid]["tool_calls"])
+
+
 def test_abort_in_a_tool_wait_and_the_total_token_limit():
     op, events = make_op({**GREEDY, "max_turns": 10, "max_total_tokens": 11})
     op.process(prompts("tt"), "prompts")

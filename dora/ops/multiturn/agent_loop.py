@@ -129,8 +129,10 @@ class AgentLoop:
 
     # ------------------------------------------------------------------ moving requests
     def export(self, uids: list[str]) -> list[SequenceState]:
-        """Remove these trajectories (mid-turn on the engine, or waiting on a tool) and return their state."""
-        states = self.engine.export([u for u in uids if u not in self.waiting])
+        """Remove these trajectories (mid-turn on the engine, or waiting on a tool) and return their
+        state. One that has just ended (emitted at the next poll) is not exported."""
+        ended = {c.uid for c in self.finished}
+        states = self.engine.export([u for u in uids if u not in self.waiting and u not in ended])
         return states + [self._wait_state(u) for u in uids if u in self.waiting]
 
     def interrupt_all(self) -> list[SequenceState]:
@@ -146,6 +148,9 @@ class AgentLoop:
         if uid in self.waiting:
             del self.waiting[uid]
             self.runner.take(uid)
+            return True
+        if any(c.uid == uid for c in self.finished):
+            self.finished = [c for c in self.finished if c.uid != uid]
             return True
         return self.engine.abort(uid) is not None
 
