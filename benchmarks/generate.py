@@ -81,6 +81,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None, help="write the results here")
     a = ap.parse_args()
+    if a.batch < 8 or a.new_tokens < 8:
+        ap.error("--batch and --new-tokens must be >= 8 (the long tail is 1 request in 8 at 8x the others' length)")
     torch.set_num_threads(a.threads)
     model = tiny_model()
     sides = {"hf": lambda p, lens: run_hf(model, p, lens),

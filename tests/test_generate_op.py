@@ -166,7 +166,9 @@ def test_torch_engine_dtype_kv_budget_and_stats_reach_the_op():
     assert {"prefix_hit_tokens", "parked_requests", "parked_dropped"} <= set(stats) and op.live_stats() == stats
     with pytest.raises(ValueError, match="kv_cache_gb' must be >= 0.001"):
         make_op(kv_cache_gb=0.00001)
+    from dora.graph.op_registry import resolve_op
+    from dora.graph.opspec import fill_params
     from dora.ops.generate import check_params
-    base = {"weight_sync": "file", "dtype": "bfloat16", "kv_cache_gb": None}
+    base = fill_params(resolve_op("generate"), {"weight_sync": "file", "dtype": "bfloat16", "kv_cache_gb": None})
     assert check_params({**base, "engine": "torch"}) == [] and check_params({**base, "engine": "vllm"}) == []
     assert check_params({**base, "engine": "vllm", "kv_cache_gb": 2.0})[0][0] == "kv_cache_gb"

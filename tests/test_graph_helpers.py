@@ -120,7 +120,12 @@ def valid_graphs(draw) -> Graph:
     engine = "torch" if sync == "broadcast" else draw(st.sampled_from(["torch", "vllm"]))
     fixed = {"dataset": {"group_size": group},
              "generate": {"weight_sync": sync, "engine": engine,
-                          "dtype": draw(st.sampled_from(["float32", "bfloat16"]))},
+                          "dtype": draw(st.sampled_from(["float32", "bfloat16"])),
+                          # single-turn, or multi-turn with a tool (whose rules tie these together)
+                          **draw(st.sampled_from([{"max_turns": 1, "tools": []},
+                                                  {"max_turns": 3, "tools": [{"name": "search", "top_k": 2}],
+                                                   "max_tokens": 16, "max_total_tokens": 64,
+                                                   "observation_template": "<{observation}>"}]))},
              "advantage": {"estimator": "gae" if with_critic else draw(st.sampled_from(["grpo", "rloo"])),
                            "kl_coef": draw(st.sampled_from([0.0, 0.01])) if with_ref else 0.0},
              "update": {"kl_coef": draw(st.sampled_from([0.0, 0.05])) if with_ref else 0.0, "weight_sync": sync,

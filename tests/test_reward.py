@@ -95,6 +95,19 @@ def test_synthetic_reward_uses_the_row_task():
         score("synthetic", ["a"], ["a"], tasks=["reasoning_gym:x"])
 
 
+def test_multiturn_rows_are_scored_on_the_final_turn():
+    """The tool's output inside response_text (the right number) must not earn the reward."""
+    op = RewardOp()
+    op.setup(op_context("reward", {"fn": "synthetic"}))
+    data = {"uid": ["u0", "u1"], "response_text": ["<python>print(2*3)</python><output>6</output>5", "<python>x</python><output>6</output>"],
+            "final_turn_text": ["5", ""], "answer": ["6", "6"], "task": ["synthetic:tool_arithmetic"] * 2}
+    batch = pa.RecordBatch.from_arrays([pa.array(v, COLUMNS[k]) for k, v in data.items()], names=list(data))
+    assert op.process(batch, "trajectories")[0].column("reward").to_pylist() == [0.0, 0.0]
+    data["final_turn_text"] = ["6", "6"]
+    batch = pa.RecordBatch.from_arrays([pa.array(v, COLUMNS[k]) for k, v in data.items()], names=list(data))
+    assert op.process(batch, "trajectories")[0].column("reward").to_pylist() == [1.0, 1.0]
+
+
 def test_format_reward():
     assert score("format", ["<answer> 5 </answer>", "<answer></answer>", "5"], ["", "", ""]) == [1.0, 0.0, 0.0]
     assert score("format", ["Final: 5", "5"], ["", ""], params={"pattern": r"^Final: \d+$"}) == [1.0, 0.0]

@@ -35,7 +35,8 @@ def start(out: Path, *extra: str, steps: int = 400) -> subprocess.Popen:
 
 
 def children(pid: int) -> list[int]:
-    out = []
+    """Every live descendant of `pid` (workers are forked from a zygote: grandchildren of dora run)."""
+    parent_of = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
@@ -43,8 +44,12 @@ def children(pid: int) -> list[int]:
                     fields = f.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                out.append(int(entry))
+            if fields[0] != "Z":
+                parent_of[int(entry)] = int(fields[1])
+    out, frontier = [], {pid}
+    while frontier:
+        frontier = {c for c, p in parent_of.items() if p in frontier}
+        out += sorted(frontier)
     return out
 
 

@@ -75,3 +75,20 @@ def test_arithmetic_task():
     assert all(r["prompt"].endswith("=") for r in rows)
     assert t.score(f" {rows[0]['answer']} ", rows[0]["answer"]) == 1.0 and t.score("x", rows[0]["answer"]) == 0.0
     assert str(eval(rows[0]["prompt"][:-1])) == rows[0]["answer"]  # noqa: S307 - digits and +/- only
+
+
+def test_tool_arithmetic_task():
+    t = get_task("synthetic:tool_arithmetic")
+    rows = t.make(20, 0, digits=3)
+    a, b = rows[0]["prompt"][-1]["content"].removeprefix("What is ").removesuffix("?").split(" * ")
+    assert rows[0]["answer"] == str(int(a) * int(b)) and 100 <= int(a) <= 999
+    roles = [m["role"] for m in rows[0]["prompt"]]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert "<python>print(12*34)</python>" in rows[0]["prompt"][0]["content"]
+    hermes = t.make(1, 0, call_format="hermes")[0]["prompt"][2]["content"]
+    assert hermes == '<tool_call>{"name": "python", "arguments": {"code": "print(12*34)"}}</tool_call>'
+    ans = rows[0]["answer"]
+    assert t.score(f"The answer is {int(ans):,}.", ans) == 1.0 and t.score(f"{ans} or 7", ans) == 0.0
+    assert t.score("no idea", ans) == 0.0 and t.score(f"<python>print({ans})</python>", ans) == 0.0
+    with pytest.raises(ValueError, match="call_format"):
+        t.make(1, 0, call_format="json")

@@ -3,8 +3,9 @@
     compute(name, *, rewards, group_ids, mask, values=None, token_rewards=None, **params) -> Tensor[B, T]
 
 rewards [B] float (the outcome reward of each trajectory), group_ids [B] int64 (the G responses of a
-prompt share one), mask [B, T] (1 on response tokens, 0 on padding), values [B, T] (critic values,
-gae only), token_rewards [B, T] (per-token rewards such as a KL penalty; optional).
+prompt share one), mask [B, T] (1 on the response tokens the policy sampled; 0 on padding and on
+tool observations inside a multi-turn response), values [B, T] (critic values, gae only),
+token_rewards [B, T] (per-token rewards such as a KL penalty; optional).
 
 Outcome estimators (grpo, dr_grpo, rloo, reinforce_pp_baseline) score a whole sequence: when
 token_rewards is given, its masked sum is added to the trajectory's reward first. gae places the
@@ -111,7 +112,10 @@ def gae_returns(*, rewards: Tensor, mask: Tensor, values: Tensor, token_rewards:
 
     Per-token reward: token_rewards (if any) on every response token, plus the outcome reward on
     the last response token. V is taken as 0 after the last response token (the episode ends), so
-    delta_t = r_t + gamma V_{t+1} - V_t and A_t = delta_t + gamma lam A_{t+1}, right to left.
+    delta_t = r_t + gamma V_{t+1} - V_t and A_t = delta_t + gamma lam A_{t+1}, right to left, where
+    t + 1 is the next MASKED-IN token: a multi-turn response's observation tokens (mask 0 inside it)
+    are stepped over, so the model's last token before a tool call bootstraps from its first token
+    after the observation.
     """
     mask = mask.to(torch.float32)
     B, T = mask.shape
@@ -129,10 +133,11 @@ def gae_returns(*, rewards: Tensor, mask: Tensor, values: Tensor, token_rewards:
         m = mask[:, t]
         delta = r[:, t] + gamma * next_v - v[:, t]
         a = delta + gamma * lam * next_a
-        # Off the mask carry nothing: padding sits after the response, where V and A are 0.
+        # Off the mask carry the next masked-in token's V and A through: padding after the response
+        # carries the initial zeros; an observation inside it is skipped.
         adv[:, t] = a * m
-        next_v = v[:, t] * m
-        next_a = a * m
+        next_v = torch.where(m > 0, v[:, t], next_v)
+        next_a = torch.where(m > 0, a, next_a)
     return adv, (adv + v) * mask
 
 

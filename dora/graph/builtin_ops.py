@@ -21,6 +21,10 @@ ACTIVATION_CHECKPOINTING = P("activation_checkpointing", "bool", False,
                              "recompute each transformer block's activations in backward (less memory, ~1/3 more compute)")
 
 
+# The columns a multi-turn generate (max_turns > 1) adds; types and meaning in dora/graph/columns.py.
+MULTITURN_COLUMNS = ("response_mask", "final_turn_text", "turns", "tool_calls", "tool_errors", "tool_wait_s")
+
+
 DATASET = OpSpec(
     name="dataset",
     doc="Source of prompts: one row per prompt, repeated group_size times per group",
@@ -60,11 +64,26 @@ GENERATE = OpSpec(
           choices=("float32", "bfloat16", "float16")),
         P("kv_cache_gb", "float?", None, "torch engine: GiB of KV cache per replica (null: on a GPU 0.9 of its memory "
           "less weights and workspace; on CPU room for max_batch requests of the model's context)", min=0.001),
+        # multi-turn rollouts with tools (dora/ops/multiturn, dora/ops/tools); max_turns 1 = single-turn
+        P("max_turns", "int", 1, "model turns per trajectory (> 1 needs tools: each turn that calls a tool gets its "
+          "observation and another turn); max_tokens then bounds each turn", min=1),
+        P("max_total_tokens", "int", 2048, "multi-turn: response tokens of a trajectory, turns and observations "
+          "together (past it the trajectory ends with finish_reason length)", min=2),
+        P("tools", "list", [], "tools the model may call: [{name: NAME, kind: python|search (default NAME), <settings>}] "
+          "(each kind's settings are declared on its class: dora/ops/tools/python_tool.py, search_tool.py)"),
+        P("tool_parser", "str", "hermes", "how a turn calls a tool: hermes (<tool_call>{json}</tool_call>), tag "
+          "(<NAME>argument</NAME>) or stop (a turn ending on a `stop` string calls the one tool with its text)", names_from="dora.ops.tools.tool_parsers:PARSERS"),
+        P("observation_template", "str", "\n<tool_response>\n{observation}\n</tool_response>\n",
+          "text appended after a turn that called tools, {observation} = their output (chat models: close the turn "
+          "and open the next assistant turn here)"),
+        P("max_tool_calls", "int", 4, "tool calls run per turn (more are answered with an error)", min=1),
+        P("tool_workers", "int", 4, "threads running tool calls per replica", min=1),
     ),
     impl="dora.ops.generate:GenerateOp",
     check="dora.ops.generate:check_params",
     is_generate=True,
     devices_check="dora.ops.generate:devices_problem",
+    when=(When("max_turns", (1,), adds=MULTITURN_COLUMNS, negate=True),),
 )
 
 REWARD = OpSpec(

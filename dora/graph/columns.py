@@ -22,6 +22,13 @@ COLUMNS: dict[str, pa.DataType] = {
     "token_versions": pa.list_(pa.int32()),  # policy version of each response token: C1 is checkable
     "policy_version": pa.int64(),            # version the trajectory was dispatched on
     "finish_reason": pa.string(),            # stop | length | abort
+    # multi-turn generate (max_turns > 1): observations live inside response_ids
+    "response_mask": pa.list_(pa.int8()),    # per response token: 1 sampled by the model (trained), 0 tool observation
+    "final_turn_text": pa.string(),          # the model's last turn ("" when the trajectory ended on an observation)
+    "turns": pa.int32(),                     # model turns
+    "tool_calls": pa.int32(),                # tool calls made (malformed ones included)
+    "tool_errors": pa.int32(),               # of which failed (malformed, unknown tool, error, timeout, over a limit)
+    "tool_wait_s": pa.float32(),             # seconds the trajectory waited on its tools
     "reward": pa.float32(),
     "advantages": pa.list_(pa.float32()),
     "returns": pa.list_(pa.float32()),

@@ -8,6 +8,9 @@ that input batch is scored in one call of dora.algos.advantages.compute. Batch-l
 kl_coef > 0 folds a KL penalty into the reward, token by token: token_rewards =
 -kl_coef * kl(behavior_logprobs, ref_logprobs) with kl_estimator (the policy's logprobs here are
 the engine's behaviour logprobs: the only ones this op has).
+
+Multi-turn rows (a `response_mask` column) are scored on the model's tokens only: observation
+tokens get advantage 0, are in no whitening statistic, and gae steps over them (dora/algos/advantages.py).
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ class AdvantageOp(Operator):
         lengths = [len(r) for r in resp]
         T = max(lengths, default=0)
         mask = response_mask(lengths, T)
+        if "response_mask" in batch.schema.names:
+            mask = mask * pad_lists(batch.column("response_mask").to_pylist(), T)
         values = None
         if self.estimator == "gae":
             require_columns(batch, ["values"], f"{label} (estimator gae)")

@@ -12,6 +12,9 @@ targets = GAE returns from the emitted values and the rewards (gamma, lam), loss
 token mean over the step, micro-batches to micro_batch_tokens, AdamW, grad clipping.
 Reports {"kind": "critic_step", "node", "step", "metrics": {...}, "seconds"}.
 
+Multi-turn rows (a `response_mask` column): values are trained on the model's tokens only, and the
+GAE targets step over tool observations as the advantage op's do.
+
 `replicas: N` is one critic of N ranks (dora/ops/sharding): the value model is sharded with FSDP2;
 rank 0 takes the data and sends every rank its rows (split by tokens) both for the values and for
 the training step, whose gradients are summed across ranks (token-mean over the whole step).
@@ -77,7 +80,9 @@ class CriticOp(ShardedOp):
         shards, header, mine = self.spread("values", {}, table, [len(a) + len(b) for a, b in zip(prompts, resps)],
                                            int(self.p["micro_batch_tokens"]))
         values = self.collect(shards, self._values(header, mine))
-        self.queue.append({"prompts": prompts, "resps": resps, "values": values,
+        masks = (batch.column("response_mask").to_pylist() if "response_mask" in batch.schema.names
+                 else [[1] * len(r) for r in resps])
+        self.queue.append({"prompts": prompts, "resps": resps, "values": values, "masks": masks,
                            "rewards": [float(r) for r in batch.column("reward").to_pylist()]})
         return [with_column(batch, "values", values)]
 
@@ -119,14 +124,15 @@ class CriticOp(ShardedOp):
         """Rank 0: one optimizer step on every queued row, every rank taking its share; returns (and
         reports) its metrics."""
         t0 = time.perf_counter()
-        rows = {k: [x for q in self.queue for x in q[k]] for k in ("prompts", "resps", "values", "rewards")}
+        rows = {k: [x for q in self.queue for x in q[k]] for k in ("prompts", "resps", "values", "masks", "rewards")}
         self.queue = []
-        total_tokens = float(sum(len(r) for r in rows["resps"]))
+        total_tokens = float(sum(sum(m) for m in rows["masks"]))
         if total_tokens == 0:
             return {}
         table = pa.table({"prompt_ids": pa.array(rows["prompts"], pa.list_(pa.int32())),
                           "response_ids": pa.array(rows["resps"], pa.list_(pa.int32())),
                           "values": pa.array(rows["values"], pa.list_(pa.float32())),
+                          "response_mask": pa.array(rows["masks"], pa.list_(pa.int8())),
                           "reward": pa.array(rows["rewards"], pa.float32())})
         _, header, mine = self.spread("train", {"total_tokens": total_tokens}, table,
                                       [len(a) + len(b) for a, b in zip(rows["prompts"], rows["resps"])],
@@ -147,6 +153,7 @@ class CriticOp(ShardedOp):
         lengths = [len(r) for r in resps]
         # Targets from the values emitted for these rows (pre-update), like the advantages downstream.
         mask = response_mask(lengths)
+        mask = mask * pad_lists(cols["response_mask"], mask.shape[1])   # 0 on tool observations
         old_v = returns = pad_lists(cols["values"], mask.shape[1])
         if prompts:   # (a rank may get no rows when a step has fewer rows than ranks)
             _, returns = gae_returns(rewards=torch.tensor(cols["reward"], dtype=torch.float32), mask=mask, values=old_v,
@@ -165,6 +172,7 @@ class CriticOp(ShardedOp):
             else:
                 pb = collate([prompts[i] for i in mb], [resps[i] for i in mb], self.pad_id).to(dev)
                 T = pb.response_ids.shape[1]
+                pb.response_mask.mul_(mask[mb, :T].to(dev))
                 v_old, ret = old_v[mb, :T].to(dev), returns[mb, :T].to(dev)
             with self.sharded.compute():
                 v = self.value_model(pb)

@@ -23,6 +23,9 @@ version from memory (waiting up to BROADCAST_WAIT_S for it) and falls back to th
 otherwise. Torch engine only (vLLM loads files).
 Each poll that finishes requests reports {"kind": "finished", "uids": [...], "version": v} per
 dispatched version, so the orchestrator can track outstanding work.
+max_turns > 1: multi-turn rollouts with tools (dora/ops/multiturn/agent_loop.py): a request is a
+trajectory of model turns and tool observations under one uid; the rows get the multi-turn columns
+and the `finished` event per-trajectory lists (agent_loop.event_fields).
 """
 
 from __future__ import annotations
@@ -33,9 +36,13 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
+from dora.graph.builtin_ops import MULTITURN_COLUMNS
 from dora.graph.columns import COLUMNS
 from dora.ops.base import Operator, OpContext, WithBuffers
 from dora.ops.engines.engine import Completion, Engine, SamplingRequest, states_from_wire, states_to_wire
+from dora.ops.multiturn.agent_loop import AgentLoop, event_fields, trajectory_columns
+from dora.ops.tools.tool_parsers import stop_parser_problem
+from dora.ops.tools.tool_registry import tools_problems
 from dora.ops.weights.broadcast import WeightReceiver
 
 OUTPUT_COLUMNS = ("response_ids", "response_text", "behavior_logprobs", "token_versions", "policy_version",
@@ -59,6 +66,8 @@ class GenerateOp(Operator):
                                                   memory=ctx.memory)
         self.stop_ids = stop_token_ids(p["stop"], self.tokenizer, ctx.label)
         self.sampling = {k: p[k] for k in ("temperature", "top_p", "top_k", "max_tokens")}
+        self.agent = AgentLoop(self.engine, self.tokenizer, p, self.stop_ids) if p["max_turns"] > 1 else None
+        self.out_columns = OUTPUT_COLUMNS + (MULTITURN_COLUMNS if self.agent is not None else ())
         self.in_fields: dict[str, pa.Field] = {}   # pass-through columns seen so far, in order
         self.in_flight: set[str] = set()           # uids submitted or imported here, not yet finished or handed on
         if p["weight_sync"] == "broadcast" and not ctx.run_dir:
@@ -79,7 +88,7 @@ class GenerateOp(Operator):
             if name not in batch.schema.names:
                 raise ValueError(f"{self.ctx.label}: input batch lacks column {name!r}; it has {batch.schema.names}")
         for f in batch.schema:
-            if f.name not in OUTPUT_COLUMNS:
+            if f.name not in self.out_columns:
                 self.in_fields.setdefault(f.name, f)
         rows = batch.to_pylist()
         for row in rows:   # check the whole batch before submitting any of it
@@ -88,18 +97,23 @@ class GenerateOp(Operator):
         for row in rows:
             version = row.get("policy_version")
             version = self.engine.version if version is None else int(version)
-            self.engine.submit(SamplingRequest(uid=str(row["uid"]), prompt_ids=[int(t) for t in row["prompt_ids"]],
-                                       version=version, stop_ids=self.stop_ids,
-                                       meta={"row": {k: v for k, v in row.items() if k not in OUTPUT_COLUMNS}},
-                                       **self.sampling))
-            self.in_flight.add(str(row["uid"]))   # (after: a request the engine refused is not held here)
+            uid, prompt_ids = str(row["uid"]), [int(t) for t in row["prompt_ids"]]
+            passed = {k: v for k, v in row.items() if k not in self.out_columns}
+            if self.agent is not None:
+                self.agent.start(uid, prompt_ids, version, passed)
+            else:
+                self.engine.submit(SamplingRequest(uid=uid, prompt_ids=prompt_ids, version=version, stop_ids=self.stop_ids,
+                                                   meta={"row": passed}, **self.sampling))
+            self.in_flight.add(uid)   # (after: a request the engine refused is not held here)
         return ()
 
     def busy(self) -> bool:
-        return self.engine.has_work()
+        return self.engine.has_work() or (self.agent is not None and self.agent.has_work())
 
     def poll(self) -> Iterable[pa.RecordBatch]:
         done = [c for c in self.engine.step() if c.finish_reason != "abort"]
+        if self.agent is not None:   # finished turns go on to tools; only ended trajectories come back
+            done = self.agent.advance(done)
         self.in_flight.difference_update(c.uid for c in done)
         if not done:
             return ()
@@ -109,9 +123,12 @@ class GenerateOp(Operator):
         for v, cs in by_version.items():
             # distinct token versions and lengths ride along so the orchestrator can check C1
             # and count tokens without waiting for the row to reach the trainer
-            self.ctx.report({"kind": "finished", "uids": [c.uid for c in cs], "version": v,
-                             "token_versions": [sorted(set(c.token_versions)) for c in cs],
-                             "response_tokens": [len(c.response_ids) for c in cs]})
+            event = {"kind": "finished", "uids": [c.uid for c in cs], "version": v,
+                     "token_versions": [sorted(set(c.token_versions)) for c in cs],
+                     "response_tokens": [len(c.response_ids) for c in cs]}
+            if self.agent is not None:
+                event.update(event_fields(cs))
+            self.ctx.report(event)
         return [self.rows(done)]
 
     def rows(self, done: list[Completion]) -> pa.RecordBatch:
@@ -121,12 +138,14 @@ class GenerateOp(Operator):
             row.update(response_ids=c.response_ids, response_text=self.tokenizer.decode(c.response_ids, skip_special_tokens=True),
                        behavior_logprobs=c.logprobs, token_versions=c.token_versions, policy_version=c.version,
                        finish_reason=c.finish_reason)
+            if self.agent is not None:
+                row.update(trajectory_columns(c, self.tokenizer))
             out.append(row)
         # pass-through columns keep their input type; rows imported from another replica may
         # bring columns this one never saw: well-known names get their fixed type, others inferred
-        names = list(dict.fromkeys(k for r in out for k in r if k not in OUTPUT_COLUMNS))
+        names = list(dict.fromkeys(k for r in out for k in r if k not in self.out_columns))
         arrays, fields = [], []
-        for name in names + list(OUTPUT_COLUMNS):
+        for name in names + list(self.out_columns):
             values = [r.get(name) for r in out]
             f = self.in_fields.get(name)
             typ = f.type if f is not None else COLUMNS.get(name)
@@ -164,25 +183,30 @@ class GenerateOp(Operator):
         # event is on the way): it is not exported, and the caller sees it missing from the states.
         held = [u for u in map(str, uids) if u in self.in_flight]
         self.in_flight.difference_update(held)
-        return WithBuffers(*states_to_wire(self.engine.export(held)))   # KV as raw frames, never pickled
+        states = (self.agent or self.engine).export(held)   # a multi-turn one may be waiting on a tool
+        return WithBuffers(*states_to_wire(states))   # KV as raw frames, never pickled
 
     def interrupt_all(self):
         self.in_flight.clear()
-        return WithBuffers(*states_to_wire(self.engine.interrupt_all()))
+        return WithBuffers(*states_to_wire((self.agent or self.engine).interrupt_all()))
 
     def import_(self, state: dict[str, Any], buffers: list | None = None) -> dict[str, Any]:
         states = states_from_wire(state, list(buffers or []))
-        self.engine.import_(states)
+        (self.agent or self.engine).import_(states)
         self.in_flight.update(s.request.uid for s in states)
         return {"imported": [s.request.uid for s in states]}
 
     def abort(self, uids: list[str]) -> dict[str, Any]:
-        aborted = [u for u in map(str, uids) if self.engine.abort(u) is not None]
+        aborted = [u for u in map(str, uids) if (self.agent.abort(u) if self.agent is not None
+                                                 else self.engine.abort(u) is not None)]
         self.in_flight.difference_update(aborted)
         return {"aborted": aborted}
 
     def stats(self) -> dict[str, Any]:
-        return self.engine.stats().to_dict()
+        out: dict[str, Any] = self.engine.stats().to_dict()
+        if self.agent is not None:   # trajectories whose tools are running (they hold no decode slot)
+            out["tool_waiting"] = len(self.agent.waiting)
+        return out
 
     def sleep(self) -> dict[str, Any]:
         """Release the KV cache and the weights (only when nothing is in flight here)."""
@@ -206,6 +230,8 @@ class GenerateOp(Operator):
         return self.stats()
 
     def teardown(self) -> None:
+        if getattr(self, "agent", None) is not None:
+            self.agent.close()
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.close()
@@ -217,6 +243,26 @@ def check_params(p: dict[str, Any]) -> list[tuple[str, str]]:
         return [("weight_sync", "weight_sync: broadcast needs engine: torch (vllm loads weights from files)")]
     if p["kv_cache_gb"] is not None and p["engine"] != "torch":
         return [("kv_cache_gb", "kv_cache_gb sizes the torch engine's KV pool; vllm sizes its own")]
+    return multiturn_problems(p)
+
+
+def multiturn_problems(p: dict[str, Any]) -> list[tuple[str, str]]:
+    """Tools and turns: every tool declaration checked (keys name the list entry: file:line)."""
+    problems = tools_problems(p["tools"])
+    if problems:
+        return problems
+    if p["tools"] and p["max_turns"] < 2:
+        return [("max_turns", f"tools are declared but max_turns is {p['max_turns']}: the model would never read a "
+                              "tool's output (set max_turns >= 2)")]
+    if not p["tools"] and p["max_turns"] > 1:
+        return [("max_turns", f"max_turns {p['max_turns']} needs tools: without a tool call a trajectory is one turn")]
+    if p["tools"] and "{observation}" not in p["observation_template"]:
+        return [("observation_template", "observation_template must contain {observation} (where the tool output goes)")]
+    if p["tools"] and p["tool_parser"] == "stop" and stop_parser_problem([d["name"] for d in p["tools"]], p["stop"]):
+        return [("tool_parser", stop_parser_problem([d["name"] for d in p["tools"]], p["stop"]))]
+    if p["tools"] and p["max_total_tokens"] < p["max_tokens"]:
+        return [("max_total_tokens", f"max_total_tokens {p['max_total_tokens']} is below max_tokens {p['max_tokens']} "
+                                     "(one turn could not use its own limit)")]
     return []
 
 

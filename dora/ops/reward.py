@@ -11,7 +11,9 @@ fn (param):
                      or by default a non-empty <answer>...</answer> tag (params.tag to rename it)
   pkg.module:func    a user function fn(response_text: str, answer: str, row: dict) -> float,
                      called with **params when params is non-empty
-A failing reward function (exception or non-finite value) names the trajectory uid. on_error
+Multi-turn rows (a `final_turn_text` column, from a generate op with tools) are scored on the
+model's final turn, never on the tools' output inside response_text (a user function still gets
+the whole row). A failing reward function (exception or non-finite value) names the trajectory uid. on_error
 "fail" raises RewardError; "zero" scores it 0, counts it, and reports
 {"kind": "reward_errors", "node", "uids", "errors"} once per batch.
 """
@@ -55,7 +57,8 @@ class RewardOp(Operator):
         for i, row in enumerate(batch.to_pylist()):
             uid = row.get("uid", f"row {i}")
             try:
-                r = float(self.fn(row["response_text"] or "", "" if row["answer"] is None else str(row["answer"]), row))
+                text = row["final_turn_text"] if "final_turn_text" in row else row["response_text"]
+                r = float(self.fn(text or "", "" if row["answer"] is None else str(row["answer"]), row))
                 if not math.isfinite(r):
                     raise ValueError(f"returned a non-finite reward {r}")
             except Exception as e:  # any failure of user or verifier code is reported per uid

@@ -30,8 +30,12 @@ from dora.ops.weights import pretrained, versions as weights
 from dora.ops.weights.broadcast import WeightBroadcaster
 
 NEEDS = ["uid", "prompt_ids", "response_ids", "behavior_logprobs", "advantages", "policy_version", "group_id"]
-OPTIONAL = ["reward", "ref_logprobs"]
-TRAIN_COLUMNS = ["prompt_ids", "response_ids", "behavior_logprobs", "advantages", "ref_logprobs"]  # what ranks 1.. get
+# response_mask (multi-turn): 0 on tool observation tokens, which no loss term sees; the multi-turn
+# counters become step metrics (turns_mean, and tool_calls / tool_errors / tool_wait_s summed over the batch)
+TOOL_COUNTERS = ["turns", "tool_calls", "tool_errors", "tool_wait_s"]
+OPTIONAL = ["reward", "ref_logprobs", "response_mask"] + TOOL_COUNTERS
+TRAIN_COLUMNS = ["prompt_ids", "response_ids", "behavior_logprobs", "advantages", "ref_logprobs",
+                 "response_mask"]  # what ranks 1.. get
 
 ModelFactory = Callable[[dict, str, int], tuple[Any, Any]]
 
@@ -164,7 +168,7 @@ class UpdateOp(ShardedOp):
         cols = {c: rows.column(c).to_pylist() for c in rows.schema.names}
         prompts, resps = cols["prompt_ids"], cols["response_ids"]
         lengths = [len(r) for r in resps]
-        for name in ("behavior_logprobs", "advantages") + (("ref_logprobs",) if "ref_logprobs" in cols else ()):
+        for name in ("behavior_logprobs", "advantages") + tuple(c for c in ("ref_logprobs", "response_mask") if c in cols):
             bad = [u for u, r, x in zip(cols["uid"], resps, cols[name]) if x is None or len(x) != len(r)]
             if bad:
                 raise ValueError(f"{self.ctx.label}: column {name} does not have one value per response token "
@@ -175,7 +179,8 @@ class UpdateOp(ShardedOp):
         header = {
             "lr": lr_at(self.step, lr=p["lr"], warmup_steps=p["warmup_steps"], total_steps=p["total_steps"],
                         min_lr_ratio=p["min_lr_ratio"]),
-            "total_tokens": float(sum(lengths)), "total_seqs": float(sum(1 for n in lengths if n)),
+            # the loss denominators count the tokens the loss sees: the model's, never an observation's
+            "total_tokens": float(sum(trained_tokens(cols))), "total_seqs": float(sum(1 for n in trained_tokens(cols) if n)),
             "use_ref": p["kl_coef"] > 0 and "ref_logprobs" in cols,
         }
         _, header, mine = self.spread("train", header, rows.select([c for c in TRAIN_COLUMNS if c in cols]),
@@ -205,6 +210,7 @@ class UpdateOp(ShardedOp):
                 torch.cuda.reset_peak_memory_stats()
             if "reward" in batch and all(r is not None for r in batch["reward"]):
                 metrics["reward_mean"] = sum(batch["reward"]) / len(batch["reward"])
+            metrics.update(tool_metrics(batch))
             self.ledger.write(json.dumps({"step": self.step, "version": self.version, "uids": batch["uid"],
                                           "policy_versions": batch["policy_version"]}) + "\n")
             self.ledger.flush()   # before the step is announced: a reader that saw train_step finds its line
@@ -263,3 +269,20 @@ class UpdateOp(ShardedOp):
         return {"step": self.step, "version": self.version, "done": self.done, "train_batch": self.train_batch,
                 "buffered_rows": 0 if self.buffer is None else self.buffer.num_rows, "dropped_rows": self.dropped_rows,
                 "train_ranks": self.ranks, **self.sharded.local_bytes(self.optimizer)}
+
+
+def trained_tokens(cols: dict[str, list]) -> list[int]:
+    """Per row, the response tokens the loss trains on (all of them, or the response_mask's ones)."""
+    if "response_mask" in cols:
+        return [int(sum(m)) for m in cols["response_mask"]]
+    return [len(r) for r in cols["response_ids"]]
+
+
+def tool_metrics(batch: dict[str, list]) -> dict[str, float]:
+    """Multi-turn step metrics from the trained rows: turns_mean, and tool_calls, tool_errors and
+    tool_wait_s summed over the batch (none without those columns)."""
+    if not all(c in batch and None not in batch[c] for c in TOOL_COUNTERS):
+        return {}
+    n = len(batch["turns"])
+    return {"turns_mean": sum(batch["turns"]) / n, "tool_calls": float(sum(batch["tool_calls"])),
+            "tool_errors": float(sum(batch["tool_errors"])), "tool_wait_s": float(sum(batch["tool_wait_s"]))}

@@ -15,6 +15,7 @@ import importlib
 TASKS = {
     "quickstart": "dora.ops.tasks.quickstart:TASK",
     "arithmetic": "dora.ops.tasks.arithmetic:TASK",
+    "tool_arithmetic": "dora.ops.tasks.tool_arithmetic:TASK",
 }
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from dora.algos import losses, off_policy
-from dora.ops.batching import collate, micro_batches, pad_lists, response_mask
+from dora.ops.batching import collate, micro_batches, pad_lists
 from dora.ops.logprobs import response_logprobs
 
 SUMMED_APART = ("loss", "pg_loss", "tokens", "ratio_max")   # loss metrics not averaged token-weighted
@@ -132,20 +132,29 @@ class LossStep:
         pb = collate(rows["prompt_ids"], rows["response_ids"], self.pad_id).to(self.ctx.device)
         if empty:   # a padding pass (_empty_pass): it takes part in the collectives, its loss is zero
             pb.response_mask.zero_()
+        elif "response_mask" in rows:   # multi-turn: tool observations are in no loss term (policy, KL, entropy)
+            pb.response_mask.mul_(pad_lists(rows["response_mask"], pb.response_mask.shape[1]).to(pb.response_mask.device))
         return pb
 
     def _correct_step(self, cols: dict[str, list], mbs: list[Any], old: dict[int, torch.Tensor]
                       ) -> tuple[off_policy.Correction, dict[int, torch.Tensor]]:
         """The correction over the whole step, every rank's rows (gathered: lr_scale and batch-wide
         thresholds must not depend on how rows were split), and this rank's token weights per micro-batch."""
-        mine: list[torch.Tensor] = []   # log pi_prox - log pi_behav of each of this rank's rows, micro-batch order
+        # per row: log pi_prox - log pi_behav, then the row's token mask (1s, or its response_mask), one
+        # vector of twice the row's length so that one gather brings both; micro-batch order
+        mine: list[torch.Tensor] = []
         for k, mb in enumerate(mbs):
             for j, i in enumerate(mb or ()):
                 behav = torch.tensor(cols["behavior_logprobs"][i], dtype=torch.float64)
-                mine.append(old[k][j, :len(behav)].double().cpu() - behav)
+                trained = (torch.tensor(cols["response_mask"][i], dtype=torch.float64) if "response_mask" in cols
+                           else torch.ones_like(behav))
+                mine.append(torch.cat([old[k][j, :len(behav)].double().cpu() - behav, trained]))
         every, offset = (mine, 0) if self.group is None else self.group.all_gather_rows(mine)
-        log_r = torch.nn.utils.rnn.pad_sequence(every, batch_first=True) if every else torch.zeros(0, 0, dtype=torch.float64)
-        mask = response_mask([len(r) for r in every], log_r.shape[1])
+        halves = [r.view(2, -1) for r in every]
+        log_r = (torch.nn.utils.rnn.pad_sequence([h[0] for h in halves], batch_first=True) if every
+                 else torch.zeros(0, 0, dtype=torch.float64))
+        mask = (torch.nn.utils.rnn.pad_sequence([h[1] for h in halves], batch_first=True).float() if every
+                else torch.zeros(0, 0))
         corr = off_policy.compute(self.correction, prox_logprobs=log_r, behavior_logprobs=torch.zeros_like(log_r),
                                   mask=mask, **self.correction_params)
         token_w, row = {}, offset

@@ -1,7 +1,10 @@
-"""The local backend: one OS process per node replica (`python -m dora.runtime.worker`), no services.
+"""The local backend: one OS process per node replica, no services.
 
-Workers inherit this interpreter and sys.path (so user ops importable here import there too),
-log to run_dir/logs/<node>-<replica>.log, and die with their parent (PR_SET_PDEATHSIG).
+On Linux the workers are forked from a zygote (dora/runtime/backends/zygote.py) that imported what
+they all need once, so a run pays torch's and transformers' import once instead of once per worker;
+elsewhere (or with DORA_ZYGOTE=0) each is `python -m dora.runtime.worker`. Either way workers
+inherit this interpreter and sys.path (so user ops importable here import there too), log to
+run_dir/logs/<node>-<replica>.log, and die with their parent (PR_SET_PDEATHSIG).
 Data transport: by default each worker's inbox binds an ipc:// (Unix domain) socket in a private
 temp folder (mode 0700, removed at the end), because on one machine it moves large batches ~1.7x
 faster than tcp loopback (benchmarks/channel.py --transport; docs/benchmarks.md). transport="tcp"
@@ -18,8 +21,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 from dora.runtime.backends.launch_spec import Launch
+from dora.runtime.backends.zygote_client import ZygoteClient
 from dora.runtime.run_files import write_owner
 
 
@@ -59,10 +64,14 @@ def ipc_folder() -> str:
 class LocalBackend:
     name = "local"
 
-    def __init__(self, host: str = "127.0.0.1", transport: str | None = None):
+    def __init__(self, host: str = "127.0.0.1", transport: str | None = None, zygote: bool | None = None):
         self.host, self.transport = host, resolve_transport(transport)
+        if zygote is None:
+            zygote = hasattr(os, "fork") and sys.platform.startswith("linux") and os.environ.get("DORA_ZYGOTE") != "0"
+        self.use_zygote = zygote
+        self.zygote: ZygoteClient | None = None
         self.ipc_dir: str | None = None
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, Any] = {}   # label -> subprocess.Popen or zygote_client.ForkedProcess
         self.logs: dict[str, str] = {}
         self._reported: set[str] = set()
 
@@ -75,12 +84,20 @@ class LocalBackend:
             env = {**os.environ, **ln.env, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
             if ln.keys:
                 env["DORA_RUN_KEYS"] = json.dumps(ln.keys)   # readable by this user only (/proc/PID/environ)
-            out = open(ln.log_path, "ab") if ln.log_path else subprocess.DEVNULL
-            cmd = [sys.executable, "-m", "dora.runtime.worker", "--control", ln.control, "--node", ln.node,
-                   "--replica", str(ln.replica), "--host", self.host] + (["--ipc-dir", self.ipc_dir] if self.ipc_dir else [])
-            self.procs[ln.label] = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            argv = ["--control", ln.control, "--node", ln.node, "--replica", str(ln.replica),
+                    "--host", self.host] + (["--ipc-dir", self.ipc_dir] if self.ipc_dir else [])
+            if self.use_zygote:
+                if self.zygote is None:
+                    self.zygote = ZygoteClient({**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"},
+                                               os.path.join(os.path.dirname(ln.log_path), "zygote.log") if ln.log_path else None)
+                self.procs[ln.label] = self.zygote.fork(ln.label, argv, env, ln.log_path)
+            else:
+                out = open(ln.log_path, "ab") if ln.log_path else subprocess.DEVNULL
+                self.procs[ln.label] = subprocess.Popen([sys.executable, "-m", "dora.runtime.worker", *argv], env=env,
+                                                        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                if ln.log_path:
+                    out.close()
             if ln.log_path:
-                out.close()
                 self.logs[ln.label] = ln.log_path
 
     def pid(self, label: str) -> int | None:
@@ -129,5 +146,7 @@ class LocalBackend:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
+        if self.zygote is not None:
+            self.zygote.close()
         if self.ipc_dir:
             shutil.rmtree(self.ipc_dir, ignore_errors=True)
