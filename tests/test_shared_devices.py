@@ -69,6 +69,9 @@ def test_shares_print_and_round_trip():
     assert "x1, memory 45%  pool gpu" in text, text
     from dora.graph.viz.view import build_view
     assert build_view(g).nodes["train"].subtitle == "update \u00d71, memory 45%"
+    from dora.graph.builder import Pipeline
+    p = Pipeline("p", pools={"g": ("gpu", 1)})
+    assert p.node("gen", "generate", pool="g", memory=0.3).node.memory == 0.3 and "memory: 0.3" in p.to_yaml()
 
 
 # ---------------------------------------------------------------- placed on one device
