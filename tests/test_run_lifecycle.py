@@ -71,6 +71,12 @@ def wait_gone(pids: list[int], timeout: float = 20) -> list[int]:
     return [p for p in pids if alive(p)]
 
 
+def _resume(out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dora.cli", "run", "--resume", str(out), "--quiet"], cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+
+
 def test_sigterm_checkpoints_summarises_cleans_up_and_exits_143(tmp_path):
     out = tmp_path / "run"
     p = start(out)
@@ -171,24 +177,19 @@ def test_a_driver_error_is_a_named_failure_with_a_summary(tmp_path, monkeypatch)
 
 
 def _rewards(out: Path) -> dict[int, float]:
-    """reward_mean by step, the last record of a step winning (a resumed run appends its own)."""
+    """reward_mean by step (each step once, resumed or not)."""
     by_step = {}
     for line in (out / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(line)
+        assert rec["step"] not in by_step, f"step {rec['step']} twice in metrics.jsonl"
         by_step[rec["step"]] = rec["reward_mean"]
     return by_step
 
 
-def _effective_ledger(out: Path) -> list[dict]:
-    """trained.jsonl with the steps a resumed run rolled back left out."""
-    lines: list[dict] = []
-    for raw in (out / "trained.jsonl").read_text().splitlines():
-        rec = json.loads(raw)
-        if "resumed_from_step" in rec:
-            lines = [x for x in lines if x["step"] <= rec["resumed_from_step"]]
-        else:
-            lines.append(rec)
-    return lines
+def _ledger(out: Path) -> list[dict]:
+    """trained.jsonl (after a resume: one lineage, the steps a dead run trained past its checkpoint
+    moved to rolled_back/)."""
+    return [json.loads(raw) for raw in (out / "trained.jsonl").read_text().splitlines()]
 
 
 def test_sync_run_killed_and_resumed_equals_the_uninterrupted_run(tmp_path):
@@ -205,9 +206,7 @@ def test_sync_run_killed_and_resumed_equals_the_uninterrupted_run(tmp_path):
     p.kill()
     p.wait(timeout=10)
     assert (broken / "checkpoints" / "step_3").is_dir()
-    r = subprocess.run([sys.executable, "-m", "dora.cli", "run", "--resume", str(broken), "--quiet"], cwd=str(ROOT),
-                       capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    r = _resume(broken)
     assert r.returncode == 0, r.stdout + r.stderr
     a, b = _rewards(whole), _rewards(broken)
     assert sorted(a) == sorted(b) == list(range(1, 7))
@@ -218,10 +217,10 @@ def test_sync_run_killed_and_resumed_equals_the_uninterrupted_run(tmp_path):
     assert wa.keys() == wb.keys()
     for name in wa:
         assert float((wa[name] - wb[name]).abs().max()) <= 1e-6, name
-    ledger = _effective_ledger(broken)
+    ledger = _ledger(broken)
     uids = [u for rec in ledger for u in rec["uids"]]
     assert [rec["step"] for rec in ledger] == list(range(1, 7)) and len(uids) == len(set(uids)) == 6 * 16
-    assert uids == [u for rec in _effective_ledger(whole) for u in rec["uids"]]
+    assert uids == [u for rec in _ledger(whole) for u in rec["uids"]]
     summary = json.loads((broken / "summary.json").read_text())
     assert summary["ended"] == "finished" and summary["accounting"]["lost"] == 0
     assert summary["accounting"]["trained_total"] == 6 * 16
@@ -241,7 +240,7 @@ def _workers_of(pid: int, node: str) -> list[int]:
 
 def _audit_exact(out: Path, steps: int, tbs: int, k: int) -> dict:
     """Every step trained exactly TBS whole groups, no uid twice, none too stale; accounting closes."""
-    ledger = _effective_ledger(out)
+    ledger = _ledger(out)
     assert [rec["step"] for rec in ledger] == list(range(1, steps + 1))
     uids = [u for rec in ledger for u in rec["uids"]]
     assert len(uids) == len(set(uids)) == steps * tbs
@@ -284,21 +283,34 @@ def test_random_sigkills_of_generate_replicas_keep_the_ledger_exact(tmp_path):
     assert summary["accounting"]["respawns"] == len(killed) == 2
 
 
-def test_controller_killed_at_a_random_step_then_resumed_keeps_the_ledger_exact(tmp_path):
-    import random
+def test_killed_after_step_12_of_30_and_resumed_leaves_one_lineage(tmp_path):
+    """issue 22's check, dora mode: kill -9 after step 12 of 30 (save_every 5), resume: metrics.jsonl,
+    trained.jsonl and TensorBoard hold steps 1..30 once and every uid once; the dead run's steps after
+    its checkpoint are in rolled_back/resume_1/, not in the run's files."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    rng = random.Random(11)
     out = tmp_path / "run"
-    p = start(out, *DORA, "run.save_every=2", steps=8)
-    wait_for_steps(p, out, rng.randint(3, 6))
-    p.kill()   # (on a busy machine the run may be further on by now: any step before the end will do)
+    p = start(out, *DORA, "run.save_every=5", "run.loggers=[jsonl, tensorboard]", steps=30)
+    wait_for_steps(p, out, 12)
+    p.kill()   # (on a busy machine the run may be a step or two further on: the check is the same)
     p.wait(timeout=10)
-    r = subprocess.run([sys.executable, "-m", "dora.cli", "run", "--resume", str(out), "--quiet"], cwd=str(ROOT),
-                       capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    died_at = len((out / "metrics.jsonl").read_text().splitlines())
+    r = _resume(out)
     assert r.returncode == 0, r.stdout + r.stderr
-    summary = _audit_exact(out, 8, 16, 2)
-    assert summary["resumed_from_step"] >= 2 and summary["accounting"]["trained_total"] == 8 * 16
+    summary = _audit_exact(out, 30, 16, 2)
+    n = summary["resumed_from_step"]
+    assert n == died_at - died_at % 5 and summary["accounting"]["trained_total"] == 30 * 16
+    assert "resumed_from_step" not in (out / "trained.jsonl").read_text()     # no mark a reader must honour
+    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(1, 31)) and summary["steps"] == 30
+    seg = out / "rolled_back" / "resume_1"
+    assert [json.loads(x)["step"] for x in (seg / "metrics.jsonl").read_text().splitlines()] == list(range(n + 1, died_at + 1))
+    assert json.loads((seg / "rolled_back.json").read_text())["metrics_rows"] == died_at - n
+    ea = EventAccumulator(str(out / "tb"))
+    ea.Reload()
+    assert [(e.step, e.value) for e in ea.Scalars("reward_mean")] == [
+        (m["step"], pytest.approx(m["reward_mean"], rel=1e-6)) for m in metrics]
 
 
 def _replica_pid(pid: int, node: str, replica: int) -> int | None:

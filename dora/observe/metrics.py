@@ -31,14 +31,23 @@ def clean_json(value: Any) -> Any:
 
 class MetricsLog:
     """Appends step records to DIR/metrics.jsonl as they happen (a crash keeps what was written),
-    and hands each to the `run.loggers` sinks (dora/observe/metric_sinks.py), if any."""
+    and hands each to the `run.loggers` sinks (dora/observe/metric_sinks.py), if any.
 
-    def __init__(self, run_dir: str, sinks: list[Any] | None = None, append: bool = False):
+    `earlier`: a resumed run's records of steps 1..N (already in the file, which it appends to):
+    they count in `records` (the summary is the whole lineage's) and are replayed into the sinks,
+    which a resume opens afresh (dora/rl/lineage.py)."""
+
+    def __init__(self, run_dir: str, sinks: list[Any] | None = None, append: bool = False,
+                 earlier: list[dict[str, Any]] | None = None):
         os.makedirs(run_dir, exist_ok=True)
         self.path = os.path.join(run_dir, "metrics.jsonl")
-        self.records: list[dict[str, Any]] = []   # this segment's (a resumed run appends to the file)
+        self.records: list[dict[str, Any]] = list(earlier or [])
         self.sinks = list(sinks or [])
         self._fh = open(self.path, "a" if append else "w", encoding="utf-8")
+        if self.sinks and self.records:
+            from dora.observe.metric_sinks import write_to
+            for record in self.records:
+                write_to(self.sinks, record)
 
     def write(self, record: dict[str, Any]) -> None:
         missing = [k for k in REQUIRED_KEYS if k not in record]

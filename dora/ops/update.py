@@ -87,12 +87,9 @@ class UpdateOp(ShardedOp):
             self._restore(ctx.restore["checkpoint"])
         if self.leader:
             os.makedirs(ctx.run_dir, exist_ok=True)
-            # The trainer's own ledger; a resumed run appends, marking where it rolled back to: steps after
-            # the checkpoint that a dead run had trained are superseded by the lines that follow the mark.
+            # The trainer's own ledger; a resumed run appends to steps 1..N (the controller moved the
+            # lines of steps a dead run trained after its checkpoint to RUN_DIR/rolled_back, dora/rl/lineage.py)
             self.ledger = open(os.path.join(ctx.run_dir, "trained.jsonl"), "a" if ctx.restore else "w", encoding="utf-8")
-            if ctx.restore:
-                self.ledger.write(json.dumps({"resumed_from_step": self.step, "version": self.version}) + "\n")
-                self.ledger.flush()
             if p["weight_sync"] == "broadcast":
                 # blocks until every generate replica joined (or raises after the rendezvous deadline)
                 self.broadcaster = WeightBroadcaster(ctx.run_dir, p["broadcast_to"], ctx.device, label=label)

@@ -16,13 +16,23 @@ import json
 import os
 import re
 import shutil
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
 STATE = "run_state.json"
 PENDING = "pending.arrow"
 _STEP = re.compile(r"^step_(\d+)$")
+
+
+class Resume(NamedTuple):
+    """What `dora run --resume` continues from: the checkpoint folder, its run state and pending
+    trajectories, and the newer checkpoint folders it did not trust (moved to rolled_back/)."""
+
+    folder: str
+    state: dict[str, Any]
+    pending: pa.Table | None
+    skipped: list[str]
 
 
 def folder(run_dir: str, step: int) -> str:

@@ -23,7 +23,7 @@ from dora.observe.metric_sinks import open_for_run
 from dora.observe.metrics import MetricsLog, summarize, write_summary
 from dora.observe.progress import RunProgress
 from dora.ops.weights import versions as weights
-from dora.rl import run_state
+from dora.rl import lineage, run_state
 from dora.rl.driver import RLDriver
 from dora.rl.elastic_lending import elastic_spares
 from dora.rl.roles import RLRoles
@@ -139,19 +139,26 @@ def _build(graph, run_dir: str, resolved, roles: RLRoles | None, *, seed: int, q
            resume, dashboard_port: int | None, live_state: bool, controller: dict[str, Any]) -> _Run | int:
     """The run's observers, driver and controller; an exit code when one of them cannot start."""
     a = resolved.async_
+    earlier = None
+    if resume is not None:   # one lineage: what the dead run did after checkpoint N goes to rolled_back/
+        rolled = lineage.roll_back(run_dir, int(resume.state["step"]), untrusted=resume.skipped)
+        if rolled.get("folder") and not quiet:
+            print(f"dora run: --resume from step {rolled['resumed_from_step']}: moved {rolled['metrics_rows']} step(s) "
+                  f"and {rolled['trained_trajectories']} trained trajectories the checkpoint never saw to "
+                  f"{rolled['folder']}", file=sys.stderr)
+        earlier = lineage.kept_records(run_dir)
     sinks = open_for_run(graph, run_dir, {"pipeline": source, "mode": a.mode, "max_staleness": a.max_staleness,
                                           "train_batch": a.train_batch, "rollout_batch": a.rollout_batch, "seed": seed})
     if sinks is None:
         return 1
-    metrics = MetricsLog(run_dir, sinks, append=resume is not None)
+    metrics = MetricsLog(run_dir, sinks, append=resume is not None, earlier=earlier)
     total = resolved.params[roles.update]["steps"] if roles else 0
     progress = RunProgress(total, graph.name, quiet=quiet)
     driver = RLDriver(resolved, roles, metrics, progress) if roles else None
     restores = None
     if resume is not None:
-        folder, state, pending = resume
-        driver.restore(state, pending)
-        restores = run_state.replica_restores(state, roles, graph, folder)
+        driver.restore(resume.state, resume.pending)
+        restores = run_state.replica_restores(resume.state, roles, graph, resume.folder)
         _keep_earlier_trace(run_dir)
     dash = None
     if live_state or dashboard_port is not None:
@@ -211,7 +218,7 @@ def _summary(run: _Run, graph, run_dir: str, *, backend: str, seed: int, source:
     if ended == "preempted":
         summary["stop_reason"] = ctrl.stop_requested or "interrupted"
     if resume is not None:
-        summary["resumed_from_step"] = int(resume[1]["step"])
+        summary["resumed_from_step"] = int(resume.state["step"])   # (informational: the files hold one lineage)
     summary["respawn_log"] = ctrl.respawn_log   # {replica, why, seconds until it took work again}
     try:
         if driver is not None:

@@ -167,7 +167,7 @@ def _checkpoint_to_resume(run_dir: str):
         print(f"dora run: --resume {run_dir}: no complete checkpoint in {run_dir}/checkpoints", file=sys.stderr)
         return None
     state, pending = checkpoint.read(found[1])
-    return found[1], state, pending
+    return checkpoint.Resume(found[1], state, pending, [])
 
 
 def load_graph(path: str, overrides: list[str]):

@@ -1,0 +1,115 @@
+"""One lineage on resume: before `dora run --resume` continues from checkpoint N, the run's files
+are cut back to what the weights of step N saw.
+
+    metrics.jsonl, trained.jsonl   keep the lines of steps <= N (each step once, each trained uid once)
+    tb/, wandb/                    the logger folders of the earlier segments (they hold steps > N)
+    checkpoints/step_M (M > N)     folders --resume did not trust (torn or corrupted)
+
+What is cut goes to RUN_DIR/rolled_back/resume_K/ (K = 1, 2, ... per resume), kept for audit with a
+rolled_back.json that says how much and from which step. The resumed run's sinks then get steps
+1..N again from metrics.jsonl (replay), so TensorBoard and W&B show one lineage, as metrics.jsonl
+does. Files are replaced atomically, after the rolled-back copy is complete: a crash during the
+cut leaves at worst a second audit copy, never a lost line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any
+
+ROLLED_BACK = "rolled_back"
+LEDGERS = ("metrics.jsonl", "trained.jsonl")
+LOGGER_DIRS = ("tb", "wandb")
+
+
+def segment_dir(run_dir: str) -> str:
+    """A new, empty RUN_DIR/rolled_back/resume_K/ for this resume."""
+    root = os.path.join(run_dir, ROLLED_BACK)
+    os.makedirs(root, exist_ok=True)
+    k = 1
+    while os.path.exists(os.path.join(root, f"resume_{k}")):
+        k += 1
+    path = os.path.join(root, f"resume_{k}")
+    os.makedirs(path)
+    return path
+
+
+def split_lines(path: str, step: int) -> tuple[list[str], list[str]]:
+    """(lines of steps <= step, every other line) of a jsonl ledger; a torn last line (the crash cut
+    it mid-write) is rolled back too."""
+    kept, cut = [], []
+    if not os.path.isfile(path):
+        return kept, cut
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                cut.append(line if line.endswith("\n") else line + "\n")
+                continue
+            s = rec.get("step") if isinstance(rec, dict) else None
+            (kept if isinstance(s, int) and s <= step else cut).append(line)
+    return kept, cut
+
+
+def _replace(path: str, lines: list[str]) -> None:
+    tmp = path + ".rollback"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(lines)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def roll_back(run_dir: str, step: int, untrusted: list[str] = ()) -> dict[str, Any]:
+    """Cut the run's files back to checkpoint `step` (see the module doc); `untrusted`: checkpoint
+    folders newer than it that --resume skipped. Returns what was moved (also in rolled_back.json)."""
+    splits = {name: split_lines(os.path.join(run_dir, name), step) for name in LEDGERS}
+    loggers = [d for d in LOGGER_DIRS if os.path.isdir(os.path.join(run_dir, d))]
+    untrusted = [p for p in untrusted if os.path.isdir(p)]
+    report: dict[str, Any] = {"resumed_from_step": int(step),
+                              "metrics_rows": len(splits["metrics.jsonl"][1]),
+                              "trained_rows": len(splits["trained.jsonl"][1]),
+                              "trained_trajectories": sum(len(json.loads(x).get("uids", []))
+                                                          for x in splits["trained.jsonl"][1] if _is_json(x)),
+                              "logger_dirs": loggers, "checkpoints": [os.path.basename(p) for p in untrusted]}
+    if not (any(cut for _, cut in splits.values()) or loggers or untrusted):
+        return report
+    seg = segment_dir(run_dir)
+    for name, (kept, cut) in splits.items():
+        with open(os.path.join(seg, name), "w", encoding="utf-8") as f:
+            f.writelines(cut)
+    for d in loggers:   # the earlier segments' event files: the new sinks get steps 1..N by replay
+        shutil.move(os.path.join(run_dir, d), os.path.join(seg, d))
+    if untrusted:
+        os.makedirs(os.path.join(seg, "checkpoints"))
+        for p in untrusted:
+            shutil.move(p, os.path.join(seg, "checkpoints", os.path.basename(p)))
+    with open(os.path.join(seg, "rolled_back.json"), "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2)
+    for name, (kept, cut) in splits.items():
+        if cut:
+            _replace(os.path.join(run_dir, name), kept)
+    report["folder"] = seg
+    return report
+
+
+def kept_records(run_dir: str) -> list[dict[str, Any]]:
+    """metrics.jsonl's records (after roll_back: steps 1..N, each once), for the resumed run's
+    summary and for replay into its sinks."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _is_json(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except json.JSONDecodeError:
+        return False
