@@ -108,16 +108,17 @@ def test_parquet_and_size_limit(tmp_path):
     ('', r"no rows"),
 ])
 def test_bad_jsonl_names_file_and_line(tmp_path, content, msg):
+    from dora.ops.data_files import file_records   # (what the op reads at setup; validation: tests/test_bad_data.py)
     path = tmp_path / "d.jsonl"
     path.write_text(content)
     with pytest.raises(DatasetError, match=msg):
-        make(source=str(path), size=0)
+        file_records(str(path), 0)
 
 
 def test_unreadable_parquet_and_missing_file(tmp_path):
     bad = tmp_path / "x.parquet"
     bad.write_bytes(b"not parquet")
-    with pytest.raises(DatasetError, match="x.parquet: cannot read parquet"):
+    with pytest.raises(ValueError, match="x.parquet: cannot read parquet"):   # (validation reads it)
         make(source=str(bad))
     with pytest.raises(ValueError, match="does not exist"):
         make(source=str(tmp_path / "nope.jsonl"))

@@ -41,8 +41,11 @@ DATASET = OpSpec(
         P("epochs", "int", 0, "passes over the data (0 = endless)", min=0),
         P("task_params", "dict", {}, "extra arguments for the task generator"),
         P("chat_template", "str?", None, "chat template (null = the model's default)"),
+        P("on_error", "str", "fail", "a bad row of a file source: fail the run naming file:line (exit 2), or skip "
+          "it (skipped rows are counted in summary.json accounting.dataset_skipped_rows)", choices=("fail", "skip")),
     ),
     impl="dora.ops.dataset:DatasetOp",
+    check="dora.ops.dataset:check_params",
 )
 
 GENERATE = OpSpec(

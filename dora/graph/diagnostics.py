@@ -53,3 +53,9 @@ class GraphError(Exception):
         self.diagnostics = list(diagnostics)
         n = len(errors_of(self.diagnostics))
         super().__init__(f"{n} error(s) in pipeline:\n" + format_diagnostics(self.diagnostics))
+
+
+class BadInput(ValueError):
+    """The user's input is wrong, found while a run reads it (a data file's row, say): the message
+    names where (file:line); the run ends with exit 2 and this message, without a traceback, as
+    `dora validate` would have said it."""

@@ -5,10 +5,11 @@ Sources (param `source`):
   reasoning_gym:NAME  reasoning-gym procedural datasets (task_params go to create_dataset);
                       each row also carries `task_meta`, the JSON of the reasoning-gym entry,
                       so the reward op can call that dataset's own scorer
-  PATH.jsonl / PATH.parquet  verl-style rows: `prompt` (text, or chat messages
-                      [{role, content}, ...]), answer in `reward_model.ground_truth` or `answer`,
-                      optional `data_source` (becomes `task`)
-`size` is the number of prompts generated, or for files the first `size` rows (0 = all).
+  PATH.jsonl / PATH.parquet  verl-style rows (dora/ops/data_files.py): `prompt` (text, or chat
+                      messages [{role, content}, ...]), answer in `reward_model.ground_truth` or
+                      `answer`, optional `data_source` (becomes `task`); a bad row fails the run
+                      naming file:line (exit 2), or with on_error: skip is skipped and counted
+`size` is the number of prompts generated, or for files the first `size` good rows (0 = all).
 
 Rows: uid, group_id, prompt (text as fed to the model: chat template applied for chat models),
 prompt_ids, answer, task. The stream runs epoch after epoch (epochs=0: endless), reshuffled
@@ -30,12 +31,11 @@ import pyarrow as pa
 
 from dora.graph.columns import COLUMNS
 from dora.ops.base import OpContext, Operator
+from dora.ops.data_files import DatasetError, file_records, first_rows_problem
+
+__all__ = ["DatasetError", "DatasetOp", "check_params", "load_records", "source_problem"]
 
 ROW_COLUMNS = ("uid", "group_id", "prompt", "prompt_ids", "answer", "task")
-
-
-class DatasetError(ValueError):
-    """Unusable data: names the source (file) and the row."""
 
 
 class DatasetOp(Operator):
@@ -47,11 +47,19 @@ class DatasetOp(Operator):
         from dora.ops.models import load_tokenizer
 
         self.tokenizer = load_tokenizer(ctx.model)
-        records = load_records(p["source"], p["size"], self.seed, dict(p["task_params"]))
+        source = p["source"]
+        if source.endswith((".jsonl", ".json", ".parquet")):
+            loaded = file_records(source, p["size"], p["on_error"])
+            records, self.skipped = loaded.records, (loaded.skipped, loaded.skipped_where)
+        else:
+            records, self.skipped = load_records(source, p["size"], self.seed, dict(p["task_params"])), (0, [])
         self.records = [render(r, self.tokenizer, p["chat_template"]) for r in records]
         self.has_meta = any("task_meta" in r for r in self.records)
 
     def source(self) -> Iterator[pa.RecordBatch]:
+        if self.skipped[0] and self.ctx.replica == 0:   # (every replica reads the same file: one report)
+            self.ctx.report({"kind": "dataset_skipped", "node": self.ctx.node, "rows": self.skipped[0],
+                             "first": self.skipped[1]})
         # replica r of R takes every R-th prompt; a resumed run skips the prompts it had consumed
         consumed = int((self.ctx.restore or {}).get("consumed", 0))
         start = self.ctx.replica + consumed * self.ctx.replicas
@@ -115,6 +123,17 @@ def source_problem(source: str) -> str | None:
     return f"source {source!r}: expected synthetic:NAME, reasoning_gym:NAME, or a path ending in .jsonl or .parquet"
 
 
+def check_params(p: dict[str, Any]) -> list[tuple[str, str]]:
+    """`dora validate`'s look at the data: a file source's first rows parse as a run would read them
+    (its existence is source_problem's)."""
+    source = p["source"]
+    if source.endswith((".jsonl", ".json", ".parquet")) and os.path.isfile(source):
+        problem = first_rows_problem(source, p["on_error"])
+        if problem:
+            return [("source", problem + (" (on_error: skip skips bad rows)" if p["on_error"] == "fail" else ""))]
+    return []
+
+
 def load_records(source: str, size: int, seed: int, task_params: dict[str, Any]) -> list[dict]:
     """Raw records {prompt: str | messages, answer: str, task: str[, task_meta: str]} for a source."""
     if source.startswith("synthetic:"):
@@ -129,7 +148,7 @@ def load_records(source: str, size: int, seed: int, task_params: dict[str, Any])
     if source.startswith("reasoning_gym:"):
         return reasoning_gym_records(source.split(":", 1)[1], size, seed, task_params)
     if source.endswith((".jsonl", ".json", ".parquet")):
-        return file_records(source, size)
+        return file_records(source, size).records
     raise DatasetError(f"dataset source {source!r}: expected synthetic:NAME, reasoning_gym:NAME, "
                        "or a path ending in .jsonl or .parquet")
 
@@ -149,59 +168,6 @@ def reasoning_gym_records(name: str, size: int, seed: int, task_params: dict[str
         out.append({"prompt": entry["question"], "answer": str(entry["answer"]), "task": f"reasoning_gym:{name}",
                     "task_meta": json.dumps(meta, default=str)})
     return out
-
-
-def file_records(path: str, size: int) -> list[dict]:
-    if not os.path.isfile(path):
-        raise DatasetError(f"dataset file {path!r} does not exist")
-    task_default = f"file:{os.path.basename(path)}"
-    rows: list[tuple[str, dict]] = []  # (where, row)
-    if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        try:
-            table = pq.read_table(path)
-        except Exception as e:
-            raise DatasetError(f"dataset file {path}: cannot read parquet: {type(e).__name__}: {e}") from None
-        rows = [(f"{path} row {i}", r) for i, r in enumerate(table.to_pylist())]
-    else:
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    r = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DatasetError(f"{path} line {lineno}: not valid JSON ({e.msg})") from None
-                if not isinstance(r, dict):
-                    raise DatasetError(f"{path} line {lineno}: expected a JSON object, got {type(r).__name__}")
-                rows.append((f"{path} line {lineno}", r))
-    if size:
-        rows = rows[:size]
-    if not rows:
-        raise DatasetError(f"dataset file {path}: no rows")
-    return [record_from_row(r, where, task_default) for where, r in rows]
-
-
-def record_from_row(r: dict, where: str, task_default: str) -> dict:
-    prompt = r.get("prompt")
-    if isinstance(prompt, str):
-        pass
-    elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) and "content" in m for m in prompt):
-        prompt = [{"role": str(m.get("role", "user")), "content": str(m["content"])} for m in prompt]
-    else:
-        raise DatasetError(f"{where}: column 'prompt' must be text or a list of chat messages "
-                           f"[{{role, content}}, ...]; got {type(prompt).__name__} {str(prompt)[:80]!r}")
-    answer = None
-    rm = r.get("reward_model")
-    if isinstance(rm, dict) and rm.get("ground_truth") is not None:
-        answer = rm["ground_truth"]
-    elif r.get("answer") is not None:
-        answer = r["answer"]
-    if answer is None:
-        raise DatasetError(f"{where}: no answer: need column 'reward_model.ground_truth' or 'answer'")
-    answer = answer if isinstance(answer, str) else json.dumps(answer)
-    return {"prompt": prompt, "answer": answer, "task": str(r.get("data_source") or task_default)}
 
 
 # -- rendering -------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ class RLDriver:
         self.published_at: dict[int, float] = {}           # version -> when its weights event arrived
         self.steps_done = 0
         self.filtered_uids: list[str] = []
-        self.reward_errors = 0
+        self.bad_rows = {"reward_errors": 0, "dataset_skipped": 0}
         self.accounting: dict[str, Any] = {}
         self._done = False
         self.stop_reason = None
@@ -124,8 +124,8 @@ class RLDriver:
                 # queue whole, and the next take builds one without it. (A batch already sent to
                 # the trainer cannot hold one: its rows all came through the filter.)
                 self.feed.pending = None
-        elif kind == "reward_errors":
-            self.reward_errors += len(ev.get("uids", []))
+        elif kind in ("reward_errors", "dataset_skipped"):   # on_error: zero / skip (the dataset's: bad file rows)
+            self.bad_rows[kind] += len(ev["uids"]) if "uids" in ev else int(ev.get("rows") or 0)
         elif kind == "wire_rejected":   # the first few per worker come with their reason; all are counted
             self.progress.status(f"{node}[{replica}] rejected a message: {ev.get('error')}")
         elif kind == "done" and node == self.roles.update:
@@ -191,7 +191,7 @@ class RLDriver:
             # (no rollout controller: the run ended before any dispatch, e.g. a resumed run already complete)
             a = self.rc.finish() if self.rc is not None else {k: 0 for k in UNTRAINED}
             a["filtered"] = len(self.filtered_uids)
-            a["reward_errors"] = self.reward_errors
+            a["reward_errors"], a["dataset_skipped_rows"] = self.bad_rows["reward_errors"], self.bad_rows["dataset_skipped"]
             # a resumed run: this segment's identity holds on its own; these tie it to the earlier ones
             a["trained_before_resume"] = self.trained_before
             a["reissued_at_resume"] = self.reissued_at_resume

@@ -76,13 +76,15 @@ class _Run:
     driver: RLDriver | None
     dash: LiveDashboard | None
     ctrl: Controller
+    bad_input: bool = False   # the run failed on the user's input (a data file's row): exit 2
 
 
 def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: bool = False,
             deadline_s: float | None = None, source: str | None = None, hb_timeout: float = 30.0, resolved=None,
             start_timeout_s: float = START_TIMEOUT_S, stall_timeout_s: float = STALL_TIMEOUT_S, resume=None,
             dashboard_port: int | None = None, live_state: bool = True) -> int:
-    """Run a validated graph; returns the exit code (0 finished, 1 failed, 143 / 130 preempted by
+    """Run a validated graph; returns the exit code (0 finished, 1 failed, 2 bad input found while
+    running (a data file's row, named file:line), 143 / 130 preempted by
     SIGTERM / SIGINT). Shared by the CLI and benchmarks/modes.py. Whatever happens, summary.json and
     trace.json are written and the run's shared memory is removed. live_state keeps RUN_DIR/state.json
     current (False: no live counters at all, for the dashboard's overhead benchmark); dashboard_port
@@ -111,6 +113,9 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
     if ended == "preempted":
         print(f"dora run: preempted ({summary['stop_reason']}); summary in {run_dir}", file=sys.stderr)
         return signals.exit_code
+    if error and run.bad_input:
+        print(f"dora run: bad input: {error}", file=sys.stderr)
+        return 2
     if error:
         print(f"dora run: run failed: {error}", file=sys.stderr)
         return 1
@@ -195,7 +200,8 @@ def _run(run: _Run, signals: StopSignals) -> tuple[str, str | None]:
             run.ctrl.run()
         ended = "preempted" if run.ctrl.stop_requested else "finished"
     except RunFailed as e:
-        error = str(e)   # names the node and replica, with the worker's traceback
+        error = str(e)   # names the node and replica, with the worker's traceback (none for bad input)
+        run.bad_input = e.bad_input
     except KeyboardInterrupt as e:
         ended, error = "preempted", str(e) or "interrupted"
     except Exception as e:   # a driver or control error: a named failure, not a bare traceback

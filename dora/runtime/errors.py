@@ -17,12 +17,15 @@ class WireError(ValueError):
 
 
 class RunFailed(RuntimeError):
-    """The run ended early: a worker raised, died, froze, or a deadline passed."""
+    """The run ended early: a worker raised, died, froze, or a deadline passed. `bad_input`: what it
+    raised names the user's input (a data file's row): the CLI exits 2, as for a bad pipeline."""
 
-    def __init__(self, message: str, node: str | None = None, replica: int | None = None, traceback: str | None = None):
+    def __init__(self, message: str, node: str | None = None, replica: int | None = None, traceback: str | None = None,
+                 bad_input: bool = False):
         self.node = node
         self.replica = replica
         self.traceback = traceback
+        self.bad_input = bad_input
         text = message if traceback is None else f"{message}\n--- traceback from {node}[{replica}] ---\n{traceback.rstrip()}"
         super().__init__(text)
 

@@ -59,7 +59,7 @@ class Supervisor:
         if not may:
             budget = f" after {self.restarts[w.label]} respawn(s)" if self.restarts[w.label] else ""
             c.failure = RunFailed(f"worker {w.label} (node {w.node!r}, replica {w.replica}) {why}{budget}",
-                                  w.node, w.replica, traceback)
+                                  w.node, w.replica, traceback, bad_input=w.bad_input and not respawn)
             raise c.failure
         w.lost, w.lost_exited = why, exited   # respawned by check() once no call is in progress
 

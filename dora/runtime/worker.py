@@ -32,6 +32,7 @@ from typing import Any, Iterable
 
 import zmq
 
+from dora.graph.diagnostics import BadInput
 from dora.ops.parent_death import die_with_parent
 from dora.runtime import security, wire
 from dora.runtime.allocator import tune_malloc
@@ -87,6 +88,9 @@ class Worker:
 
     def fail(self, where: str, exc: BaseException) -> None:
         self.state = "failed"
+        if isinstance(exc, BadInput):   # the user's data, named by the message: no traceback
+            self.send_ctrl({"kind": "error", "where": where, "error": str(exc), "bad_input": True})
+            return
         self.send_ctrl({"kind": "error", "where": where, "error": f"{type(exc).__name__}: {exc}",
                         "traceback": traceback.format_exc()})
 

@@ -30,6 +30,7 @@ class WorkerRecord:
     rejected: int = 0
     stalled_s: float = 0.0      # from heartbeats: inside one op call this long without progress
     error: tuple[str, str | None] | None = None   # (what, traceback) the op raised
+    bad_input: bool = False     # what it raised is the user's input (dora.graph.diagnostics.BadInput)
     lost: str | None = None     # why it is being replaced (respawn pending or under way)
     lost_exited: bool = False
     where: str = "?"            # the op method it is in
@@ -57,7 +58,9 @@ class WorkerRecord:
             self.endpoint, self.state = msg["endpoint"], "ready"
         elif kind == "error":
             if self.error is None:   # the first one is the cause
-                self.error = (f"raised in {msg.get('where')}(): {msg.get('error')}", msg.get("traceback"))
+                self.bad_input = bool(msg.get("bad_input"))
+                what = f"found bad input: {msg.get('error')}" if self.bad_input else f"raised in {msg.get('where')}(): {msg.get('error')}"
+                self.error = (what, msg.get("traceback"))
         elif kind == "finished":
             self.state, self.stats = "finished", msg.get("stats") or {}
             self.rejected = int(self.stats.get("rejected", self.rejected))
