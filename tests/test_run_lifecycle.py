@@ -286,7 +286,8 @@ def test_random_sigkills_of_generate_replicas_keep_the_ledger_exact(tmp_path):
 def test_killed_after_step_12_of_30_and_resumed_leaves_one_lineage(tmp_path):
     """issue 22's check, dora mode: kill -9 after step 12 of 30 (save_every 5), resume: metrics.jsonl,
     trained.jsonl and TensorBoard hold steps 1..30 once and every uid once; the dead run's steps after
-    its checkpoint are in rolled_back/resume_1/, not in the run's files."""
+    its checkpoint are in rolled_back/resume_1/, not in the run's files. The newest checkpoint is
+    also corrupted on disk: --resume names it and continues from the one before."""
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -296,17 +297,23 @@ def test_killed_after_step_12_of_30_and_resumed_leaves_one_lineage(tmp_path):
     p.kill()   # (on a busy machine the run may be a step or two further on: the check is the same)
     p.wait(timeout=10)
     died_at = len((out / "metrics.jsonl").read_text().splitlines())
+    newest = died_at - died_at % 5
+    with open(out / "checkpoints" / f"step_{newest}" / "model.safetensors", "r+b") as f:
+        f.seek(1000)
+        f.write(b"\xff" * 4)   # and the disk corrupted the newest checkpoint: resume names it, takes the one before
     r = _resume(out)
     assert r.returncode == 0, r.stdout + r.stderr
+    assert f"skipping checkpoint {out}/checkpoints/step_{newest}: model.safetensors does not match" in r.stderr, r.stderr
     summary = _audit_exact(out, 30, 16, 2)
     n = summary["resumed_from_step"]
-    assert n == died_at - died_at % 5 and summary["accounting"]["trained_total"] == 30 * 16
+    assert n == newest - 5 and summary["accounting"]["trained_total"] == 30 * 16
     assert "resumed_from_step" not in (out / "trained.jsonl").read_text()     # no mark a reader must honour
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(1, 31)) and summary["steps"] == 30
     seg = out / "rolled_back" / "resume_1"
     assert [json.loads(x)["step"] for x in (seg / "metrics.jsonl").read_text().splitlines()] == list(range(n + 1, died_at + 1))
     assert json.loads((seg / "rolled_back.json").read_text())["metrics_rows"] == died_at - n
+    assert (seg / "checkpoints" / f"step_{newest}").is_dir()                     # the corrupted one, kept for audit
     ea = EventAccumulator(str(out / "tb"))
     ea.Reload()
     assert [(e.step, e.value) for e in ea.Scalars("reward_mean")] == [

@@ -156,18 +156,22 @@ def _holds_a_run(run_dir: str) -> bool:
 
 
 def _checkpoint_to_resume(run_dir: str):
-    """(checkpoint folder, run state, pending trajectories) of the run's last complete checkpoint, or
-    None after saying why not (exit 2)."""
+    """The run's newest checkpoint that verifies against its manifest (newer ones that do not are
+    named and skipped), or None after saying why not (exit 2)."""
     from dora.rl import checkpoint
     if not os.path.isfile(os.path.join(run_dir, "pipeline.yaml")):
         print(f"dora run: --resume {run_dir}: not a run directory (no pipeline.yaml)", file=sys.stderr)
         return None
-    found = checkpoint.latest(run_dir)
+    found, skipped = checkpoint.trusted(run_dir)
+    for path, why in skipped:   # (moved to rolled_back/ once the run starts: dora/rl/lineage.py)
+        print(f"dora run: --resume {run_dir}: skipping checkpoint {path}: {why}", file=sys.stderr)
     if found is None:
         print(f"dora run: --resume {run_dir}: no complete checkpoint in {run_dir}/checkpoints", file=sys.stderr)
         return None
+    if skipped:
+        print(f"dora run: --resume {run_dir}: continuing from {found[1]}", file=sys.stderr)
     state, pending = checkpoint.read(found[1])
-    return checkpoint.Resume(found[1], state, pending, [])
+    return checkpoint.Resume(found[1], state, pending, [path for path, _ in skipped])
 
 
 def load_graph(path: str, overrides: list[str]):

@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from dora.rl import checkpoint
-from dora.runtime.errors import ReplicaLost
+from dora.runtime.errors import CallError, ReplicaLost, RunFailed
 from dora.rl.rollout import Trajectory
 
 
@@ -121,7 +121,13 @@ def checkpoint_due(version: int, total_steps: int, save_every: int) -> bool:
 def commit_timed(driver, snap: Snapshot) -> None:
     """commit, keeping the run's newest checkpoints and logging {step, seconds, bytes}."""
     t0 = time.monotonic()
-    folder = commit(driver, snap, driver.run_cfg.keep_checkpoints)
+    try:
+        folder = commit(driver, snap, driver.run_cfg.keep_checkpoints)
+    except (OSError, CallError) as e:
+        if not checkpoint.out_of_space(e):
+            raise
+        needed = driver.checkpoint_log[-1]["bytes"] if driver.checkpoint_log else 0
+        raise RunFailed(str(checkpoint.no_space(driver.ctrl.run_dir, snap.step, needed))) from None
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder) for f in fs)
     driver.checkpoints.append(folder)
     driver.checkpoint_log.append({"step": snap.step, "seconds": round(time.monotonic() - t0, 3), "bytes": size})
