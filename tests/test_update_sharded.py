@@ -108,7 +108,7 @@ def test_two_ranks_train_exactly_like_one(tmp_path, off_policy):
                          report=events.append))
     feed(one, batches)
     one.finish()
-    solo = {"stats": one.stats()}
+    solo = {"stats": one.stats(), "exp_avg": [one.optimizer.state[p]["exp_avg"].clone() for p in one.params]}
     one.teardown()
     two = run_local_ranks(rank_main, 2, str(tmp_path / "two"), batches, extra)
     lead, follower = two
@@ -147,6 +147,19 @@ def test_two_ranks_train_exactly_like_one(tmp_path, off_policy):
     assert state["ranks"] == 2 and state["version"] == 3 and state["sharded_state"] == "sharded"
     assert len(glob.glob(os.path.join(ckpt, "sharded", "*.distcp"))) == 2
     assert os.path.isfile(os.path.join(ckpt, "sharded", ".metadata"))
+    # the full weights are stored once (the transformers folder): the shards hold the optimizer only;
+    # restored on one rank (DCP reshards 2 -> 1), weights and AdamW moments are those of the 1-rank run
+    from dora.ops.models import load_policy
+    from dora.ops.sharding.fsdp_model import ShardedModel
+    from dora.ops.weights import pretrained
+    assert {k.split(".")[0] for k in _dcp_keys(os.path.join(ckpt, "sharded"))} == {"optimizer"}
+    fresh = ShardedModel(load_policy(TINY, "cpu", seed=5)[0], None, "cpu")
+    fresh_opt = torch.optim.AdamW(fresh.params(), lr=1e-3)
+    pretrained.load_training_checkpoint(fresh, fresh_opt, ckpt)
+    assert all(torch.equal(fresh.module.state_dict()[n], w2[n]) for n in w2)
+    restored = [fresh_opt.state[p]["exp_avg"] for p in fresh.params()]
+    assert len(restored) == len(solo["exp_avg"]) and all(
+        float((a - b).abs().max()) < TOL for a, b in zip(restored, solo["exp_avg"]))
     ledger = [json.loads(line) for line in open(os.path.join(tmp_path, "two", "trained.jsonl"))]
     assert [r["step"] for r in ledger] == [1, 2, 3] and not os.path.exists(os.path.join(tmp_path, "two", "checkpoints", "step_3.tmp"))
     weights.cleanup(str(tmp_path / "one"))
@@ -223,3 +236,9 @@ def test_reference_and_critic_of_two_ranks_match_one():
         for key in ("value_loss", "grad_norm", "returns_mean", "value_clip_frac"):
             assert b[key] == pytest.approx(a[key], rel=TOL, abs=TOL), key
     assert max(abs(v) for x in lead["values"][-1] for v in x) > 100 * TOL   # the critic did learn something
+
+
+def _dcp_keys(path: str) -> list[str]:
+    """The state keys a torch.distributed.checkpoint folder holds."""
+    from torch.distributed.checkpoint import FileSystemReader
+    return list(FileSystemReader(path).read_metadata().state_dict_metadata)

@@ -1,7 +1,9 @@
 """Whole-run checkpoints: everything `dora run --resume` needs, in RUN_DIR/checkpoints/step_N/.
 
-    step_N/                  a transformers folder (config, weights, tokenizer): from_pretrained loads it
-    step_N/trainer/          the trainer's own state: optimizer, lr step, RNG (written by the update op)
+    step_N/                  a transformers folder (config, weights, tokenizer): from_pretrained loads it;
+                             the only copy of the full weights (dora/ops/weights/pretrained.py)
+    step_N/sharded/, trainer_state.pt, dora_state.json   the trainer's own state: optimizer shards, lr
+                             step, RNG (written by the update op)
     step_N/run_state.json    step, version, dataset cursors, generate replicas' RNG, accounting, and the
                              prompt groups that were in flight (dispatched again, whole, on resume)
     step_N/pending.arrow     trajectories finished and scored but not trained yet (whole groups)

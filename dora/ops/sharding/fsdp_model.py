@@ -102,20 +102,28 @@ class ShardedModel:
             first.setdefault(id(param), name)
         return full
 
-    def save_sharded(self, optimizer: torch.optim.Optimizer | None, path: str) -> None:
-        """Every rank: model (and optimizer) state as this rank's shards, with torch.distributed.checkpoint
-        (a later load may use any rank count: it reshards)."""
+    def save_sharded(self, optimizer: torch.optim.Optimizer | None, path: str, with_model: bool = True) -> None:
+        """Every rank: model (unless with_model is False: the full weights are stored elsewhere) and
+        optimizer state as this rank's shards, with torch.distributed.checkpoint (a later load may use
+        any rank count: it reshards)."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
+        state: dict[str, Any] = {"model": get_model_state_dict(self.module)} if with_model else {}
         if optimizer is not None:
-            model_sd, optim_sd = get_state_dict(self.module, optimizer)
-            state: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd}
-        else:
-            state = {"model": get_model_state_dict(self.module)}
+            state["optimizer"] = get_optimizer_state_dict(self.module, optimizer)
         with warnings.catch_warnings():   # one rank: DCP says it assumes a single process, which is the point
             warnings.simplefilter("ignore", UserWarning)
             dcp.save(state, checkpoint_id=path, no_dist=self.group is None)
+
+    def load_full_state_dict(self, full: dict[str, torch.Tensor]) -> None:
+        """Every rank, each with the full weights: each keeps its shard (one rank: all of them)."""
+        if self.group is None:
+            self.module.load_state_dict(full, strict=True)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(self.module, full, options=StateDictOptions(full_state_dict=True, strict=True))
 
     def local_bytes(self, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
         """Bytes this rank holds: parameters (its shards) and optimizer state."""
