@@ -83,6 +83,20 @@ def rank_main(env, run_dir: str, batches: list[dict], extra: dict | None = None)
     return {"stats": stats, "events": events}
 
 
+def rank_restore(env, run_dir: str, ckpt: str) -> dict:
+    """A 2-rank trainer set up from a checkpoint: its step and the weights it publishes at start."""
+    from dora.ops.update import UpdateOp
+
+    torch.set_num_threads(1)
+    events: list[dict] = []
+    op = UpdateOp()
+    op.setup(rank_context(env, "update", PARAMS, events, model=TINY, run_dir=run_dir, async_=ASYNC,
+                          restore={"checkpoint": ckpt}))
+    out = {"step": op.step, "weights": published(events) if env.rank == 0 else None}
+    op.teardown()
+    return out
+
+
 def published(events: list[dict]) -> dict[str, torch.Tensor]:
     """The last version a run published, loaded as a generate replica loads it."""
     from dora.ops.models import load_policy
@@ -160,6 +174,10 @@ def test_two_ranks_train_exactly_like_one(tmp_path, off_policy):
     restored = [fresh_opt.state[p]["exp_avg"] for p in fresh.params()]
     assert len(restored) == len(solo["exp_avg"]) and all(
         float((a - b).abs().max()) < TOL for a, b in zip(restored, solo["exp_avg"]))
+    if off_policy is None:   # and on two ranks again: each keeps its shard of the full weights it read
+        back, _ = run_local_ranks(rank_restore, 2, str(tmp_path / "back"), ckpt)
+        assert back["step"] == 3 and all(torch.equal(back["weights"][n], w2[n]) for n in w2)
+        weights.cleanup(str(tmp_path / "back"))
     ledger = [json.loads(line) for line in open(os.path.join(tmp_path, "two", "trained.jsonl"))]
     assert [r["step"] for r in ledger] == [1, 2, 3] and not os.path.exists(os.path.join(tmp_path, "two", "checkpoints", "step_3.tmp"))
     weights.cleanup(str(tmp_path / "one"))
