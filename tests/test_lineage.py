@@ -1,7 +1,7 @@
 """One lineage on resume (dora/rl/lineage.py): the files of a run that died after step 5, resumed
 from checkpoint 3, hold steps 1..3 once; steps 4-5 (and a line torn by the crash) go to
-rolled_back/resume_1/ with a count; TensorBoard shows the resumed run's steps 4-5, never the dead
-run's. The kill -9 + resume of a real run is in tests/test_run_lifecycle.py."""
+rolled_back/resume_1/ with a count; TensorBoard and W&B show the resumed run's steps 4-5, never the
+dead run's. The kill -9 + resume of a real run is in tests/test_run_lifecycle.py."""
 
 from __future__ import annotations
 
@@ -52,18 +52,24 @@ def test_resume_cuts_the_ledgers_to_the_checkpoint_and_keeps_the_rest_for_audit(
     assert (tmp_path / "rolled_back" / "resume_2" / "metrics.jsonl").is_file()
 
 
-def test_tensorboard_after_resume_shows_the_resumed_steps_only(tmp_path):
+def test_tensorboard_and_wandb_after_resume_show_the_resumed_steps_only(tmp_path):
     pytest.importorskip("tensorboard")
+    pytest.importorskip("wandb")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    _dead_run(tmp_path, ["tensorboard"])
+    from tests.wandb_records import history
+    loggers = ["tensorboard", "wandb"]
+    _dead_run(tmp_path, loggers)
     lineage.roll_back(str(tmp_path), 3)
-    log = MetricsLog(str(tmp_path), open_sinks(["tensorboard"], str(tmp_path), "t", {}), append=True,
+    log = MetricsLog(str(tmp_path), open_sinks(loggers, str(tmp_path), "t", {}), append=True,
                      earlier=lineage.kept_records(str(tmp_path)))   # replays steps 1..3
     for s in (4, 5):
         log.write(_rec(s, 0.9))
     log.close()
+    want = [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.9), (5, 0.9)]
     ea = EventAccumulator(str(tmp_path / "tb"))
     ea.Reload()
-    got = [(e.step, round(e.value, 4)) for e in ea.Scalars("reward_mean")]
-    assert got == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.9), (5, 0.9)]
-    assert (tmp_path / "rolled_back" / "resume_1" / "tb").is_dir()            # the dead run's curves, for audit
+    assert [(e.step, round(e.value, 4)) for e in ea.Scalars("reward_mean")] == want
+    assert [(r["_step"], round(r["reward_mean"], 4)) for r in history(str(tmp_path))] == want   # one offline run
+    seg = tmp_path / "rolled_back" / "resume_1"
+    assert (seg / "tb").is_dir() and (seg / "wandb").is_dir()                  # the dead run's curves, for audit
+    assert [r["_step"] for r in history(str(seg))] == [1, 2, 3, 4, 5]
