@@ -97,7 +97,7 @@ def test_token_in_token_out_masks_and_observations():
             assert ids[e:nxt[0]] == expected[:nxt[0] - e]
         assert r["final_turn_text"] == (TOK.decode(ids[turns[-1][0]:]) if mask[-1] == 1 else "")
     by_uid = {r["uid"]: r for r in rows}
-    for ev in events:
+    for ev in (e for e in events if e["kind"] == "finished"):
         for uid, turns, calls, trace in zip(ev["uids"], ev["turns"], ev["tool_calls"], ev["turn_trace"]):
             assert (turns, calls) == (by_uid[uid]["turns"], by_uid[uid]["tool_calls"])
             assert sum(t[0] + t[2] for t in trace) == len(by_uid[uid]["response_ids"])
@@ -136,7 +136,7 @@ def test_export_import_mid_turn_and_in_a_tool_wait_changes_nothing():
                     "final_turn_text", "prompt_ids"):
             assert r[col] == want[uid][col], (uid, col)
         assert r["behavior_logprobs"] == pytest.approx(want[uid]["behavior_logprobs"], abs=1e-5)
-    assert sorted(u for e in b_events for u in e["uids"]) == sorted(want)
+    assert sorted(u for e in b_events if e["kind"] == "finished" for u in e["uids"]) == sorted(want)
 
 
 def test_a_tool_wait_moves_with_its_finished_output_or_its_calls():
