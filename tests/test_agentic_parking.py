@@ -79,3 +79,18 @@ def test_a_short_pool_drops_parked_kv_and_counts_the_prefill_again(monkeypatch):
     for uid, r in want.items():
         for c in COLS:
             assert got[uid][c] == r[c], (uid, c)
+
+
+def test_every_turn_of_a_trajectory_is_on_its_version():
+    """C1 across turns: a replica refuses a new version while trajectories wait on a tool (their next
+    turn would run on it); every token of a multi-turn trajectory carries the one version."""
+    op, _ = make_op(GREEDY)
+    op.process(prompts(LAST), "prompts")
+    while not op.agent.waiting:
+        op.poll()
+    with pytest.raises(RuntimeError, match="wait on a tool"):
+        op.load_version(1, "unused.safetensors")
+    rows = drain(op)
+    assert max(r["turns"] for r in rows) == 3
+    assert all(set(r["token_versions"]) == {r["policy_version"]} for r in rows)
+    op.teardown()

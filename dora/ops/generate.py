@@ -177,6 +177,9 @@ class GenerateOp(Operator):
 
     # ------------------------------------------------------------------ control
     def load_version(self, version: int, path: str) -> dict[str, Any]:
+        if self.agent is not None and self.agent.waiting:   # C1 across turns: the next turn would run on `version`
+            raise RuntimeError(f"{self.ctx.label}: load_version({version}) while {len(self.agent.waiting)} trajectories "
+                               "wait on a tool (their next turn must run on their version); export or interrupt them first")
         t0 = time.perf_counter()
         source, weights = "file", path
         if self.receiver is not None:
