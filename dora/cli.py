@@ -130,11 +130,12 @@ def cmd_ops(args: argparse.Namespace) -> int:
     from dora.graph.op_registry import builtin_ops
     from dora.graph.sections import section_specs
 
-    from dora.ops.tools.tool_registry import KINDS, tool_class
+    from dora.graph.opspec import import_object
 
     ops = builtin_ops()
     sections = {"async": section_specs(AsyncConfig), "run": section_specs(RunConfig)}
-    tools = {kind: tool_class(kind).settings for kind in KINDS}   # generate's `tools` entries
+    # generate's `tools` entries (named by string, as the OpSpecs name their checks: cli sits above ops)
+    tools = {kind: import_object(path).settings for kind, path in import_object("dora.ops.tools.tool_registry:KINDS").items()}
     if args.json:
         # one list: the ops, the pipeline sections ("section": true), the tool kinds ("tool": true)
         print(json.dumps([s.describe() for s in ops.values()]
