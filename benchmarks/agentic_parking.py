@@ -49,17 +49,22 @@ def run(params: dict, model: dict, prompt_ids: list[list[int]]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--temperature", type=float, default=None, help="default: the pipeline's (0.7; greedy never "
+                    "calls the tool). Both runs sample from the same seed; parking changes numerics slightly, so "
+                    "the sampled trajectories may differ: compare turns too")
     a = ap.parse_args()
     torch.set_num_threads(2)
     cfg = yaml.safe_load(open(PIPELINE))
     gen, data = cfg["nodes"]["rollout"]["params"], cfg["nodes"]["prompts"]["params"]
-    gen = {**gen, "temperature": 0.0}   # greedy: both runs generate the same tokens
+    if a.temperature is not None:
+        gen = {**gen, "temperature": a.temperature}
     from dora.ops.models import load_policy
     _, tok = load_policy(cfg["model"], "cpu", seed=0)
     records = load_records(data["source"], a.prompts, 0, data["task_params"])
     prompt_ids = [render(r, tok, None)["prompt_ids"] for r in records]
     out = {park: run({**gen, "park_kv": park}, cfg["model"], prompt_ids) for park in (False, True)}
-    print(f"{PIPELINE} generate, {a.prompts} prompts (mean {sum(map(len, prompt_ids)) / len(prompt_ids):.0f} tokens), greedy")
+    print(f"{PIPELINE} generate, {a.prompts} prompts (mean {sum(map(len, prompt_ids)) / len(prompt_ids):.0f} tokens), "
+          f"temperature {gen['temperature']}")
     print("| park_kv | turns | tool calls | generated | prefill tokens | prefix hits | re-prefilled | dropped | s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for park, r in out.items():
