@@ -86,8 +86,11 @@ def test_every_turn_of_a_trajectory_is_on_its_version():
     turn would run on it); every token of a multi-turn trajectory carries the one version."""
     op, _ = make_op(GREEDY)
     op.process(prompts(LAST), "prompts")
-    while not op.agent.waiting:
+    for _ in range(2000):
+        if op.agent.waiting:
+            break
         op.poll()
+    assert op.agent.waiting
     with pytest.raises(RuntimeError, match="wait on a tool"):
         op.load_version(1, "unused.safetensors")
     rows = drain(op)
