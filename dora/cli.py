@@ -130,13 +130,19 @@ def cmd_ops(args: argparse.Namespace) -> int:
     from dora.graph.op_registry import builtin_ops
     from dora.graph.sections import section_specs
 
+    from dora.graph.opspec import import_object
+
     ops = builtin_ops()
     sections = {"async": section_specs(AsyncConfig), "run": section_specs(RunConfig)}
+    # generate's `tools` entries (named by string, as the OpSpecs name their checks: cli sits above ops)
+    tools = {kind: import_object(path).settings for kind, path in import_object("dora.ops.tools.tool_registry:KINDS").items()}
     if args.json:
-        # one list: the ops, then the pipeline sections (marked "section": true) with their settings
+        # one list: the ops, the pipeline sections ("section": true), the tool kinds ("tool": true)
         print(json.dumps([s.describe() for s in ops.values()]
                          + [{"name": k, "section": True, "params": [p.describe() for p in v.values()]}
-                            for k, v in sections.items()], indent=2, default=str))
+                            for k, v in sections.items()]
+                         + [{"name": k, "tool": True, "params": [p.describe() for p in v.values()]}
+                            for k, v in tools.items()], indent=2, default=str))
         return 0
     for s in ops.values():
         print(f"{s.name}: {s.doc}")
@@ -157,6 +163,11 @@ def cmd_ops(args: argparse.Namespace) -> int:
         print()
     for name, specs in sections.items():
         print(f"{name}: (pipeline section)")
+        for ps in specs.values():
+            print(f"  setting  {_param_line(ps)}")
+        print()
+    for kind, specs in tools.items():
+        print(f"tool {kind}: (generate param tools: {{name: NAME, kind: {kind}, <settings>}})")
         for ps in specs.values():
             print(f"  setting  {_param_line(ps)}")
         print()

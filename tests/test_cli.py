@@ -91,7 +91,10 @@ def test_ops(capsys):
     assert main(["ops", "--json"]) == 0
     ops = json.loads(capsys.readouterr().out)
     assert [o["name"] for o in ops][:2] == ["dataset", "generate"]
-    assert {p["name"] for p in ops[1]["params"]} >= {"temperature", "max_tokens"}
+    assert {p["name"] for p in ops[1]["params"]} >= {"temperature", "max_tokens", "park_kv"}
+    # the tool kinds generate's `tools` entries may name, with their settings
+    tools = {o["name"]: {p["name"] for p in o["params"]} for o in ops if o.get("tool")}
+    assert tools["python"] >= {"timeout_s", "cpu_s", "memory_mb"} and "top_k" in tools["search"]
 
 
 def test_run_and_simulate_dispatch(monkeypatch, capsys):

@@ -97,7 +97,7 @@ def test_token_in_token_out_masks_and_observations():
             assert ids[e:nxt[0]] == expected[:nxt[0] - e]
         assert r["final_turn_text"] == (TOK.decode(ids[turns[-1][0]:]) if mask[-1] == 1 else "")
     by_uid = {r["uid"]: r for r in rows}
-    for ev in events:
+    for ev in (e for e in events if e["kind"] == "finished"):
         for uid, turns, calls, trace in zip(ev["uids"], ev["turns"], ev["tool_calls"], ev["turn_trace"]):
             assert (turns, calls) == (by_uid[uid]["turns"], by_uid[uid]["tool_calls"])
             assert sum(t[0] + t[2] for t in trace) == len(by_uid[uid]["response_ids"])
@@ -136,20 +136,28 @@ def test_export_import_mid_turn_and_in_a_tool_wait_changes_nothing():
                     "final_turn_text", "prompt_ids"):
             assert r[col] == want[uid][col], (uid, col)
         assert r["behavior_logprobs"] == pytest.approx(want[uid]["behavior_logprobs"], abs=1e-5)
-    assert sorted(u for e in b_events for u in e["uids"]) == sorted(want)
+    assert sorted(u for e in b_events if e["kind"] == "finished" for u in e["uids"]) == sorted(want)
 
 
-def test_a_tool_wait_moves_with_its_finished_output_or_its_calls():
+def test_a_tool_wait_moves_with_its_finished_output_or_its_calls(monkeypatch):
     """Exported while its tool runs, a trajectory carries its parsed calls (run again where it lands);
     exported after the tool finished, it carries the output. Either way it ends as it would have."""
+    import dora.ops.multiturn.agent_loop as loop
     ref, _ = make_op(GREEDY)
     ref.process(prompts("tt"), "prompts")
     want = {r["uid"]: r for r in drain(ref)}
+    # an idle poll would wait up to 50 ms for a tool: a warm sandbox answers sooner, and the two
+    # trajectories would never wait at once
+    monkeypatch.setattr(loop, "IDLE_WAIT_S", 0.0)
     a, _ = make_op(GREEDY, 0)
     b, _ = make_op(GREEDY, 1)
     a.process(prompts("tt"), "prompts")
-    while len(a.agent.waiting) < 2:
+    for _ in range(2000):   # (bounded: a failure, never a hang)
+        if len(a.agent.waiting) == 2:
+            break
         a.poll()
+    assert len(a.agent.waiting) == 2
+    monkeypatch.undo()
     running = not a.agent.runner.jobs["u0"].done()
     state0, frames0 = _wire(a.call("export", {"uids": ["u0"]}))
     a.agent.runner.jobs["u1"].result(timeout=10)

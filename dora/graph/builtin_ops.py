@@ -22,6 +22,9 @@ ACTIVATION_CHECKPOINTING = P("activation_checkpointing", "bool", False,
 
 
 # The columns a multi-turn generate (max_turns > 1) adds; types and meaning in dora/graph/columns.py.
+# multi-turn generate replicas: torch-engine counters each `finished` event carries as deltas (parked KV
+# dropped for memory, the context prefilled again for it), summed into per-step metrics (rl ledger)
+PARKED_KV_COUNTERS = ("parked_dropped", "continuation_reprefill_tokens")
 MULTITURN_COLUMNS = ("response_mask", "final_turn_text", "turns", "tool_calls", "tool_errors", "tool_wait_s")
 
 
@@ -81,6 +84,9 @@ GENERATE = OpSpec(
           "and open the next assistant turn here)"),
         P("max_tool_calls", "int", 4, "tool calls run per turn (more are answered with an error)", min=1),
         P("tool_workers", "int", 4, "threads running tool calls per replica", min=1),
+        P("park_kv", "bool", True, "multi-turn, torch engine: keep a trajectory's KV across its tool waits (parked, "
+          "counted against the KV pool; dropped oldest first when the pool runs short, then prefilled again) so "
+          "the next turn prefills only the observation; false: every turn prefills its whole context"),
     ),
     impl="dora.ops.generate:GenerateOp",
     check="dora.ops.generate:check_params",

@@ -36,7 +36,7 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
-from dora.graph.builtin_ops import MULTITURN_COLUMNS
+from dora.graph.builtin_ops import MULTITURN_COLUMNS, PARKED_KV_COUNTERS
 from dora.graph.columns import COLUMNS
 from dora.ops.base import Operator, OpContext, WithBuffers
 from dora.ops.engines.engine import Completion, Engine, SamplingRequest, states_from_wire, states_to_wire
@@ -70,6 +70,8 @@ class GenerateOp(Operator):
         self.out_columns = OUTPUT_COLUMNS + (MULTITURN_COLUMNS if self.agent is not None else ())
         self.in_fields: dict[str, pa.Field] = {}   # pass-through columns seen so far, in order
         self.in_flight: set[str] = set()           # uids submitted or imported here, not yet finished or handed on
+        self.kv_reported = dict.fromkeys(PARKED_KV_COUNTERS, 0)
+        self.waits_reported: set[str] = set()      # uids in a tool wait at the last `tool_waits` event
         if p["weight_sync"] == "broadcast" and not ctx.run_dir:
             raise ValueError(f"{ctx.label}: weight_sync: broadcast needs a run_dir (the rendezvous file is there)")
         self.receiver = None
@@ -114,12 +116,14 @@ class GenerateOp(Operator):
         done = [c for c in self.engine.step() if c.finish_reason != "abort"]
         if self.agent is not None:   # finished turns go on to tools; only ended trajectories come back
             done = self.agent.advance(done)
+            self._report_waits()
         self.in_flight.difference_update(c.uid for c in done)
         if not done:
             return ()
         by_version: dict[int, list] = {}
         for c in done:
             by_version.setdefault(c.version, []).append(c)
+        kv = self._kv_deltas() if self.agent is not None else {}
         for v, cs in by_version.items():
             # distinct token versions and lengths ride along so the orchestrator can check C1
             # and count tokens without waiting for the row to reach the trainer
@@ -127,9 +131,26 @@ class GenerateOp(Operator):
                      "token_versions": [sorted(set(c.token_versions)) for c in cs],
                      "response_tokens": [len(c.response_ids) for c in cs]}
             if self.agent is not None:
-                event.update(event_fields(cs))
+                event.update(event_fields(cs), **kv)
+                kv = dict.fromkeys(kv, 0)   # (counted once per poll)
             self.ctx.report(event)
         return [self.rows(done)]
+
+    def _report_waits(self) -> None:
+        """A `tool_waits` event whenever the set of trajectories waiting on a tool changed: the
+        orchestrator does not count them as decoding load, and the trace draws each wait."""
+        now = set(self.agent.waiting)
+        if now != self.waits_reported:
+            old, self.waits_reported = self.waits_reported, now
+            self.ctx.report({"kind": "tool_waits", "waiting": len(now), "started": sorted(now - old),
+                             "ended": sorted(old - now)})
+
+    def _kv_deltas(self) -> dict[str, int]:
+        """The engine's parked-KV counters since the last report (the driver sums them per step)."""
+        st = self.engine.stats().to_dict()
+        now = {k: int(st.get(k, 0)) for k in PARKED_KV_COUNTERS}
+        last, self.kv_reported = self.kv_reported, now
+        return {k: now[k] - last[k] for k in PARKED_KV_COUNTERS}
 
     def rows(self, done: list[Completion]) -> pa.RecordBatch:
         out = []
@@ -156,6 +177,9 @@ class GenerateOp(Operator):
 
     # ------------------------------------------------------------------ control
     def load_version(self, version: int, path: str) -> dict[str, Any]:
+        if self.agent is not None and self.agent.waiting:   # C1 across turns: the next turn would run on `version`
+            raise RuntimeError(f"{self.ctx.label}: load_version({version}) while {len(self.agent.waiting)} trajectories "
+                               "wait on a tool (their next turn must run on their version); export or interrupt them first")
         t0 = time.perf_counter()
         source, weights = "file", path
         if self.receiver is not None:
@@ -184,22 +208,31 @@ class GenerateOp(Operator):
         held = [u for u in map(str, uids) if u in self.in_flight]
         self.in_flight.difference_update(held)
         states = (self.agent or self.engine).export(held)   # a multi-turn one may be waiting on a tool
+        if self.agent is not None:
+            self._report_waits()
         return WithBuffers(*states_to_wire(states))   # KV as raw frames, never pickled
 
     def interrupt_all(self):
         self.in_flight.clear()
-        return WithBuffers(*states_to_wire((self.agent or self.engine).interrupt_all()))
+        states = (self.agent or self.engine).interrupt_all()
+        if self.agent is not None:
+            self._report_waits()
+        return WithBuffers(*states_to_wire(states))
 
     def import_(self, state: dict[str, Any], buffers: list | None = None) -> dict[str, Any]:
         states = states_from_wire(state, list(buffers or []))
         (self.agent or self.engine).import_(states)
         self.in_flight.update(s.request.uid for s in states)
+        if self.agent is not None:
+            self._report_waits()
         return {"imported": [s.request.uid for s in states]}
 
     def abort(self, uids: list[str]) -> dict[str, Any]:
         aborted = [u for u in map(str, uids) if (self.agent.abort(u) if self.agent is not None
                                                  else self.engine.abort(u) is not None)]
         self.in_flight.difference_update(aborted)
+        if self.agent is not None:
+            self._report_waits()
         return {"aborted": aborted}
 
     def stats(self) -> dict[str, Any]:

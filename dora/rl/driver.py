@@ -37,6 +37,7 @@ from dora.rl.replica_loss import held_by_lost
 from dora.rl.shared_devices import SharedDevices, shared_devices
 from dora.rl.rollout import Finished, RolloutConfig, RolloutController
 from dora.rl.step_record import add_trainer_metrics, step_record
+from dora.rl.multiturn_reports import MultiTurnReports, turn_trace_path
 from dora.rl.trainer_feed import TrainerFeed
 
 RESPAWNABLE_OPS = ("generate", "reward", "advantage", "filter", "reference")
@@ -60,6 +61,7 @@ class RLDriver:
         self.ctrl = None                       # set by attach()
         self.rc: RolloutController | None = None
         self.clock = RunClock()
+        self.multiturn = MultiTurnReports(self.clock, self.trace, turn_trace_path(metrics))
         self.prompts = PromptFeed(self.graph.nodes[roles.dataset].replicas, self.cfg.group_size, self.cfg.rollout_batch)
         self.feed = TrainerFeed()
         self.weight_paths: dict[int, str] = {}
@@ -109,6 +111,8 @@ class RLDriver:
 
     def on_event(self, node: str, replica: int, ev: dict[str, Any]) -> None:
         kind = ev.get("kind")
+        if node == self.roles.generate:   # multi-turn reports: tool waits, parked-KV counters
+            self.multiturn.on_event(f"{node}[{replica}]", ev, self.rc)
         if kind == "finished" and node == self.roles.generate:
             self._on_finished(node, replica, ev)
         elif kind == "weights":

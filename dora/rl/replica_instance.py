@@ -112,4 +112,5 @@ class ReplicaInstance:
         s = self._call("stats", {}) or {}
         cap = max(1, int(s.get("kv_tokens_capacity") or 0))
         return InstanceStats(active=int(s.get("active", 0)), queued=int(s.get("queued", 0)), slots=self.slots,
-                             kv_used_fraction=float(s.get("kv_tokens_used", 0)) / cap)
+                             kv_used_fraction=float(s.get("kv_tokens_used", 0)) / cap,
+                             tool_waiting=int(s.get("tool_waiting", 0)))

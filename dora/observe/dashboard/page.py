@@ -210,6 +210,7 @@ const CURVES = [
   ['step time (s)', [['step_time_s', 'step time']]],
   ['rollout-only share', [['rollout_only_share', 'trainer waiting']]],
   ['versions live', [['versions_live', 'versions']]],
+  ['multi-turn', [['turns_mean', 'turns mean'], ['tool_wait_s', 'tool wait s']]],
 ];
 const LINE_COLOURS = ['#3f6fa8', '#c8741f'];
 

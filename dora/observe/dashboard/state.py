@@ -40,7 +40,7 @@ WRITE_EVERY_S = 2.0       # RUN_DIR/state.json, for `dora dashboard RUN_DIR` on 
 RATE_WINDOW_S = 3.0       # edge and token rates: counts over the last few seconds
 MAX_STEPS = 2000          # longer runs are thinned evenly (the last step always kept)
 STEP_KEYS = ("step", "policy_version", "reward_mean", "tokens_per_s", "staleness_max", "staleness_mean",
-             "step_time_s", "rollout_only_s", "versions_live", "wall_s")
+             "step_time_s", "rollout_only_s", "versions_live", "wall_s", "turns_mean", "tool_wait_s")
 
 
 def steps_section(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -34,7 +34,8 @@ class SamplingRequest:
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)  # passed through to the Completion
     # multi-turn (agentic): keep_kv parks the finished request's KV until release(uid) or a
     # continuation; continues=<uid of a parked request> whose prompt_ids start with that request's
-    # prompt + response adopts its KV and prefills only the new tokens
+    # prompt + response adopts its KV and prefills only the new tokens. A request may continue its
+    # own uid (the agent loop keeps one uid per trajectory): the parked KV is taken before it queues.
     keep_kv: bool = False
     continues: str | None = None
 
@@ -49,8 +50,6 @@ class SamplingRequest:
             raise ValueError(f"request {self.uid!r}: top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"request {self.uid!r}: top_k must be >= 0, got {self.top_k}")
-        if self.continues is not None and self.continues == self.uid:
-            raise ValueError(f"request {self.uid!r}: continues names the request itself")
 
 
 @dataclasses.dataclass
@@ -101,6 +100,8 @@ class EngineStats:
     parked_requests: int = 0         # finished keep_kv requests holding their KV
     parked_blocks: int = 0
     parked_dropped: int = 0          # parked requests dropped because the pool ran short
+    continuation_reprefill_tokens: int = 0   # context a continuation prefilled again: its parked KV was
+                                     # gone (dropped, released on a migration) or of another version
     preempted: int = 0               # running requests sent back to the queue for want of KV blocks
 
     def to_dict(self) -> dict[str, int]:

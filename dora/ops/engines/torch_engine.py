@@ -71,15 +71,17 @@ class TorchEngine(Engine):
         self._check_new(req.uid, req.prompt_ids, 1)
         seq = Seq(req, stops=self.eos_ids | frozenset(req.stop_ids), slot=route(self.runner.slots, req.version, self.latest))
         parked = self.sched.parked.get(req.continues) if req.continues is not None else None
-        if parked is not None:   # (a continuation whose parked KV was dropped is prefilled in full)
-            if seq.tokens[:len(parked.tokens)] != parked.tokens:
-                raise ValueError(f"torch engine: request {req.uid!r} continues {req.continues!r} but its prompt_ids do "
-                                 f"not start with that request's {len(parked.tokens)} prompt + response tokens")
+        if parked is not None and seq.tokens[:len(parked.tokens)] != parked.tokens:
+            raise ValueError(f"torch engine: request {req.uid!r} continues {req.continues!r} but its prompt_ids do "
+                             f"not start with that request's {len(parked.tokens)} prompt + response tokens")
+        if parked is not None:
             del self.sched.parked[req.continues]
             if parked.kv_version == self.runner.slots[seq.slot].version:
                 seq.adopt = parked
             else:
                 self.sched.pool.release(parked.blocks)
+        # no usable parked KV (dropped, released, another version): prefilled in full, and counted
+        seq.lost_parked = req.continues is not None and seq.adopt is None
         self.sched.waiting[req.uid] = seq
 
     def import_(self, states: list[SequenceState]) -> None:
@@ -274,7 +276,8 @@ class TorchEngine(Engine):
             kv_tokens_capacity=self.budget * self.block_size, version=self.version, reprefill_tokens=s.reprefill_tokens,
             generated_tokens=self.generated_tokens, prefill_tokens=s.prefill_tokens, prefix_hit_tokens=s.prefix_hit_tokens,
             kv_blocks_used=pool.used_count, kv_blocks_free=self.budget - pool.used_count, parked_requests=len(s.parked),
-            parked_blocks=s.parked_blocks(), parked_dropped=s.parked_dropped, preempted=s.preempted)
+            parked_blocks=s.parked_blocks(), parked_dropped=s.parked_dropped, preempted=s.preempted,
+            continuation_reprefill_tokens=s.continuation_reprefill_tokens)
 
 
 def _default_eos(model: torch.nn.Module) -> list[int]:

@@ -15,13 +15,14 @@ mid-turn resumes anywhere. A trajectory waiting on a tool is exported as a Seque
 KV and meta["tool_wait"]: the observation when its tool already finished, else the parsed calls,
 which the importing replica runs again (the sandboxed tools have no side effects that persist).
 
-Continuation: each turn is a new request with the whole context (prompt + tokens so far) as
-prompt_ids, prefilled in full. `_request`, `_submit` and `_release` are where KV parking goes in
-(the torch engine's keep_kv / continues / release: keep_kv=True on every turn, continues=<the
-previous turn's request> with the same whole-context prompt_ids, release when the trajectory ends
-or leaves the replica). That engine refuses a request that continues its own uid, so parking needs
-either per-turn request uids mapped back to the trajectory's uid (export, import_, abort) or an
-engine that lets a uid continue its own parked KV.
+KV parking (param park_kv, the torch engine): every turn is submitted with keep_kv, so when it
+finishes the engine parks its KV (it holds no decode slot, its blocks count against the KV pool);
+the next turn continues the same uid and prefills only the observation. When the pool runs short
+the engine drops parked KV oldest first; that continuation is prefilled in full and counted
+(engine stats parked_dropped, continuation_reprefill_tokens). The parked KV is released when the
+trajectory ends, is aborted, or leaves the replica while waiting on a tool (the importer
+prefills its context again, counted the same way). park_kv false: every turn prefills its whole
+context (the prefix cache may still find its full blocks).
 Contract: docs/architecture.md, "Tools and multi-turn rollouts".
 """
 
@@ -59,6 +60,7 @@ class AgentLoop:
         self.max_turns, self.max_total_tokens, self.max_tokens = params["max_turns"], params["max_total_tokens"], params["max_tokens"]
         self.sampling = {k: params[k] for k in ("temperature", "top_p", "top_k")}
         self.stop_ids = list(stop_ids)
+        self.park = bool(params["park_kv"])
         self.waiting: dict[str, _Wait] = {}      # uid -> a trajectory whose tool calls are running
         self.finished: list[Completion] = []      # trajectories that ended outside a poll (an import)
 
@@ -112,13 +114,16 @@ class AgentLoop:
                  extra_meta: dict[str, Any] | None = None) -> SamplingRequest:
         return SamplingRequest(uid=uid, prompt_ids=traj.context(), version=version,
                                max_tokens=max(1, min(self.max_tokens, traj.room)), stop_ids=self.stop_ids,
-                               meta={"row": row, "traj": traj.to_dict(), **(extra_meta or {})}, **self.sampling)
+                               meta={"row": row, "traj": traj.to_dict(), **(extra_meta or {})},
+                               keep_kv=self.park, continues=uid if self.park and traj.turns else None, **self.sampling)
 
     def _submit(self, uid: str, traj: Trajectory, row: dict[str, Any], version: int) -> None:
         self.engine.submit(self._request(uid, traj, row, version))
 
     def _release(self, uid: str) -> None:
-        """The engine keeps nothing of an ended trajectory today (see the module docstring)."""
+        """The trajectory ended or left: its parked KV (if the engine still holds it) goes."""
+        if self.park:
+            self.engine.release(uid)
 
     def _end(self, uid: str, traj: Trajectory, row: dict[str, Any], version: int, reason: str) -> list[Completion]:
         traj.finish(reason)
@@ -148,6 +153,7 @@ class AgentLoop:
         if uid in self.waiting:
             del self.waiting[uid]
             self.runner.take(uid)
+            self._release(uid)
             return True
         if any(c.uid == uid for c in self.finished):
             self.finished = [c for c in self.finished if c.uid != uid]
@@ -157,6 +163,7 @@ class AgentLoop:
     def _wait_state(self, uid: str) -> SequenceState:
         w = self.waiting.pop(uid)
         outcome = self.runner.take(uid)
+        self._release(uid)   # the KV stays behind: the importer prefills the context again
         wait = ({"outcome": dataclasses.asdict(outcome)} if outcome is not None
                 else {"calls": [call_to_dict(c) for c in w.calls]})
         return SequenceState(self._request(uid, w.traj, w.row, w.version, {"tool_wait": wait}), [], [], [])

@@ -115,9 +115,9 @@ class Dispatcher:
             if v >= self.newest or not can_start(v):
                 continue
             # free slots are idle only where the engine admits at once: no queue (KV not the limit)
-            idle = [n for n in m.hosts(v) if n not in m.lent and m.load(n) + g <= m.slots_of(n)
+            idle = [n for n in m.hosts(v) if n not in m.lent and m.decoding_load(n) + g <= m.slots_of(n)
                     and self.m.instances[n].stats().queued == 0]
-            slots = sum(m.slots_of(n) - m.load(n) for n in idle)
+            slots = sum(m.slots_of(n) - m.decoding_load(n) for n in idle)
             n = min(slots, self.queue.dispatch_room(v)) // g
             if n > 0:
                 self.send(v, n, idle, self.allowance)
@@ -188,7 +188,7 @@ class Dispatcher:
         assert all(m.instances[d].version == version for d in dests), "migration across versions"
         states = m.instances[src].export(uids)
         reqs = {r.uid: r for r in m.forget(src, [s.uid for s in states])}
-        loads = {d: m.load(d) - m.slots_of(d) for d in dests}
+        loads = {d: m.decoding_load(d) - m.slots_of(d) for d in dests}
         per: dict[str, list] = collections.defaultdict(list)
         for s in states:
             d = min(loads, key=loads.__getitem__)

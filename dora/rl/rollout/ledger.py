@@ -13,6 +13,7 @@ import collections
 import dataclasses
 from typing import Any, Sequence
 
+from dora.graph.builtin_ops import PARKED_KV_COUNTERS
 from dora.observe.trace import TraceWriter
 from .transfer_queue import TransferQueue
 from .types import Request, Trajectory
@@ -41,6 +42,8 @@ class StepMetrics:
     wait_staleness_s: float = 0.0  # of rollout_only_s (sampled at ticks): TBS were complete, but taking
                                    # them would have stranded an older group (C3): the trainer waited for stragglers
     wait_count_s: float = 0.0      # ... fewer than TBS complete: the trainer waited for throughput
+    parked_dropped: int = 0        # multi-turn: parked KV dropped for memory during the interval
+    continuation_reprefill_tokens: int = 0   # ... and the context prefilled again because of it
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -68,6 +71,7 @@ class Ledger:
         # interval counters (reset at each step end)
         self.migrated = self.reprefill = self.loads = self.dropped_interval = 0
         self.idle_samples = self.idle_hits = 0
+        self.kv = dict.fromkeys(PARKED_KV_COUNTERS, 0)          # interval sums of the engines' parked-KV counters
         self.totals = {"migrated_requests": 0, "migrated_kv_bytes": 0, "reprefill_tokens": 0,
                        "weight_loads": 0, "rebalances": 0, "retagged_requests": 0, "rollout_only_s": 0.0,
                        "dropped_unknown": 0}
@@ -151,9 +155,10 @@ class Ledger:
             idle_fraction={"rollout": self.idle_hits / self.idle_samples if self.idle_samples else 0.0,
                            "trainer": waited / max(1e-9, now - self.last_step_end)},
             dropped=self.dropped_interval, wait_staleness_s=self.last_waits["staleness"],
-            wait_count_s=self.last_waits["count"])
+            wait_count_s=self.last_waits["count"], **self.kv)
         self.step_metrics.append(m)
         self.migrated = self.reprefill = self.loads = self.idle_samples = self.idle_hits = 0
+        self.kv = dict.fromkeys(PARKED_KV_COUNTERS, 0)
         self.dropped_interval = 0
         self.last_step_end = now
         self.gen_max.append(0.0)
@@ -191,6 +196,12 @@ class Ledger:
     def count_reprefill(self, tokens: int) -> None:
         self.reprefill += tokens
         self.totals["reprefill_tokens"] += tokens
+
+    def count_kv(self, ev: dict[str, Any]) -> None:
+        """A multi-turn replica's `finished` event: its engine's parked-KV counter deltas."""
+        for k in PARKED_KV_COUNTERS:
+            self.kv[k] += int(ev.get(k) or 0)
+            self.totals[k] = self.totals.get(k, 0) + int(ev.get(k) or 0)
 
     def count_load(self) -> None:
         self.loads += 1

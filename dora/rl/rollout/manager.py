@@ -31,6 +31,7 @@ class RolloutManager:
         self.slots: dict[str, int] = {}                                   # learnt by slots_of()
         self.group_size = group_size                                      # G: an instance takes whole groups
         self.lent: set[str] = set()                                       # trainer devices serving rollout (elastic)
+        self.tool_waiting: dict[str, int] = {}                            # instance -> requests in a tool wait (reported)
 
     # -- queries ------------------------------------------------------------------------------
     @property
@@ -39,6 +40,12 @@ class RolloutManager:
 
     def load(self, name: str) -> int:
         return len(self.on_instance[name])
+
+    def decoding_load(self, name: str) -> int:
+        """Requests that want a decode slot: those placed here less those waiting on a tool (a
+        multi-turn request between turns holds no slot; it still counts in load() and moves with
+        the instance's requests)."""
+        return max(0, len(self.on_instance[name]) - self.tool_waiting.get(name, 0))
 
     def slots_of(self, name: str) -> int:
         """An instance's concurrent-request slots, asked once (one stats() call) and kept."""
@@ -71,6 +78,7 @@ class RolloutManager:
             raise RuntimeError(f"remove_instance({name}): {len(self.on_instance[name])} requests still on it")
         del self.instances[name], self.on_instance[name]
         self.slots.pop(name, None)
+        self.tool_waiting.pop(name, None)
         self.lent.discard(name)
         self._hosts = None
 
@@ -88,13 +96,13 @@ class RolloutManager:
         names = targets if targets is not None else self.hosts(version)
         if n_groups <= 0 or not names:
             return []
-        box, g = self.on_instance, self.group_size
+        g, busy = self.group_size, {n: self.decoding_load(n) for n in names}
         if allowance is None:
-            heap = [(len(box[n]), i, n, 1 << 60) for i, n in enumerate(names)]
+            heap = [(busy[n], i, n, 1 << 60) for i, n in enumerate(names)]
         else:
             slots = self.slots
-            heap = [(len(box[n]), i, n, slots.get(n, 1) + allowance) for i, n in enumerate(names)
-                    if len(box[n]) + g <= slots.get(n, 1) + allowance]
+            heap = [(busy[n], i, n, slots.get(n, 1) + allowance) for i, n in enumerate(names)
+                    if busy[n] + g <= slots.get(n, 1) + allowance]
             n_groups = min(n_groups, sum((cap - load) // g for load, _, _, cap in heap))
         if n_groups <= 0:
             return []

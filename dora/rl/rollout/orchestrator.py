@@ -148,11 +148,13 @@ class Orchestrator:
                     moved += self.migrate(n, list(m.on_instance[n])[-k:], under)
                     under = [u for u in under if m.load(u) < cap]
                 continue
-            over = [(n, m.load(n) - self.slots_of(n)) for n in names if m.load(n) > self.slots_of(n)]
-            under = [n for n in names if m.load(n) < self.slots_of(n)]
+            # requests in a tool wait hold no slot: they neither make an instance over nor fill one
+            busy = {n: m.decoding_load(n) for n in names}
+            over = [(n, busy[n] - self.slots_of(n)) for n in names if busy[n] > self.slots_of(n)]
+            under = [n for n in names if busy[n] < self.slots_of(n)]
             if not over or not under:
                 continue
-            room = sum(self.slots_of(n) - m.load(n) for n in under)
+            room = sum(self.slots_of(n) - busy[n] for n in under)
             for n, excess in sorted(over, key=lambda x: -x[1]):
                 k = min(excess, room)
                 if k <= 0:

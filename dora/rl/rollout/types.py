@@ -45,6 +45,7 @@ class InstanceStats:
     kv_used_fraction: float      # 0..1
     loading: bool = False        # a weight load is still in progress
     step_s: float = 0.0          # measured seconds per decode iteration now (0: idle or not reported)
+    tool_waiting: int = 0        # multi-turn requests waiting on a tool (placed here, holding no slot)
 
 
 @dataclasses.dataclass(slots=True)

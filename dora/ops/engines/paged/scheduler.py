@@ -40,7 +40,7 @@ class Scheduler:
         self.running: list[Seq] = []
         self.parked: collections.OrderedDict[str, Seq] = collections.OrderedDict()
         self.prefill_tokens = self.prefix_hit_tokens = self.reprefill_tokens = 0
-        self.parked_dropped = self.preempted = 0
+        self.parked_dropped = self.preempted = self.continuation_reprefill_tokens = 0
 
     @property
     def active(self) -> int:
@@ -137,9 +137,11 @@ class Scheduler:
             self.prefill_tokens += end - start
             if seq.reprefill:
                 self.reprefill_tokens += end - start
+            if seq.lost_parked:
+                self.continuation_reprefill_tokens += end - start
             self.seal(seq)
             if end == seq.context:
-                seq.reprefill = False
+                seq.reprefill = seq.lost_parked = False
                 self.prefilling.remove(seq)
                 self.running.append(seq)
 

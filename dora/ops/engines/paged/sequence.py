@@ -31,6 +31,7 @@ class Seq:
     pending_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None   # imported KV, written at admission
     adopt: "Seq | None" = None    # the parked request whose blocks this continuation takes over
     reprefill: bool = False       # its context is computed again (imported without usable KV)
+    lost_parked: bool = False     # a continuation whose parked KV was gone: its context is computed again
     kv_version: int | None = None  # the version that computed its KV (parked requests)
 
     def __post_init__(self):
