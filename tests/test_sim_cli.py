@@ -47,6 +47,10 @@ def test_trace_workload(tmp_path):
     (["--max-staleness", "0", "--modes", "dora"], "max_staleness"),
     (["--gpus", "many"], "invalid int"),
     (["--drop-groups", "1.5"], "--drop-groups"),
+    (["--versions-per-instance", "0"], "must be >= 1, got 0"),
+    (["--versions-per-instance", "2"], "not built yet"),
+    (["--versions-per-instance", "4", "--model", "qwen2.5-32b", "--workload", "longtail-128k"],
+     "4 versions of qwen2.5-32b take 262.4 GB"),
 ])
 def test_bad_arguments_exit_2(args, msg, capsys):
     assert simulate_main(SMALL + args) == 2

@@ -100,6 +100,21 @@ class CostModel:
         """Bring a request's KV parked in host memory back into the GPU cache."""
         return kv_bytes / self.hw.host_bw + 0.001
 
+    def versions_problem(self, versions: int, max_len_tokens: int) -> str | None:
+        """Why one instance cannot hold `versions` weight copies next to one request of
+        max_len_tokens (None when it can): each hosted version's weights come out of the KV room."""
+        if versions < 1:
+            return f"versions per instance must be >= 1, got {versions}"
+        room = 0.9 * self.model.tp * self.hw.hbm_bytes
+        weights = versions * self.model.weight_bytes
+        need = max_len_tokens * self.model.kv_bytes_per_token
+        if weights + need <= room:
+            return None
+        return (f"{versions} versions of {self.model.name} take {weights / 1e9:.1f} GB of the instance's "
+                f"{room / 1e9:.1f} GB ({self.model.tp} GPUs x {self.hw.hbm_bytes / 1e9:.0f} GB x 0.9), leaving "
+                f"{max(0.0, room - weights) / 1e9:.1f} GB of KV; one request of {max_len_tokens} tokens needs "
+                f"{need / 1e9:.1f} GB")
+
     # -- training ---------------------------------------------------------------------------------
     def train_s(self, tokens: int, gpus: int) -> float:
         return tokens * self.train_flops_per_token / (gpus * self.hw.flops * self.hw.mfu_train) + self.train_fixed_s

@@ -22,9 +22,9 @@ from dora.rl.rollout import POLICIES, RolloutConfig, RolloutConfigError
 
 MODES = POLICIES.names()   # every rollout mode, in listing order
 
-from .costmodel import MODELS
+from .costmodel import MODELS, CostModel
 from .simulator import SimConfig, SimulationError, ideal, simulate
-from .workloads import WORKLOADS, WorkloadError, get_workload
+from .workloads import WORKLOADS, WorkloadError, get_workload, response_tokens
 
 KEYS = ("mode", "step_time_s", "tokens_per_s", "rollout_only_fraction", "bubble_fraction", "staleness_max",
         "c1_violations", "c2_violations", "c3_violations", "overhead_fraction")
@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fraction of finished groups a filter drops (DAPO dynamic sampling); replaced by new prompts")
     p.add_argument("--elastic", action="store_true",
                    help="trainer devices waiting for a batch serve rollout (every mode; colocated sync has none to lend)")
+    p.add_argument("--versions-per-instance", type=int, default=1, metavar="M",
+                   help="policy versions one rollout instance may hold (async.versions_per_instance; only 1 is built)")
     p.add_argument("--json", default=None, metavar="FILE", help="write results as a JSON array")
     p.add_argument("--trace-out", default=None, metavar="FILE",
                    help="Chrome/Perfetto trace (one file per mode: FILE with .<mode> before the extension)")
@@ -85,7 +87,7 @@ def _configs(a: argparse.Namespace) -> list[SimConfig]:
         raise _BadArgs(f"--train-gpus {a.train_gpus}: must leave at least one rollout group of {tp} GPUs out of {a.gpus}")
     if not 0 <= a.drop_groups < 1:
         raise _BadArgs(f"--drop-groups {a.drop_groups}: must be in [0, 1)")
-    get_workload(a.workload, a.trace)          # WorkloadError -> exit 2
+    _check_versions(a, get_workload(a.workload, a.trace))   # WorkloadError -> exit 2
     out = []
     for m in modes:
         c = SimConfig(mode=m, model=a.model, gpus=a.gpus, steps=a.steps, seed=a.seed, train_batch=a.train_batch,
@@ -96,6 +98,19 @@ def _configs(a: argparse.Namespace) -> list[SimConfig]:
                       max_staleness=c.max_staleness).resolved()   # RolloutConfigError -> exit 2
         out.append(c)
     return out
+
+
+def _check_versions(a: argparse.Namespace, workload) -> None:
+    """--versions-per-instance: >= 1, and the weights of that many versions must leave room in one
+    instance for one request of the workload's maximum length (the longest of a step's draws)."""
+    w = workload.stats()
+    max_len = int(w.longest_prompt + response_tokens(w.longest))
+    problem = CostModel(MODELS[a.model]).versions_problem(a.versions_per_instance, max_len)
+    if problem:
+        raise _BadArgs(f"--versions-per-instance {a.versions_per_instance}: {problem}")
+    if a.versions_per_instance > 1:
+        raise _BadArgs(f"--versions-per-instance {a.versions_per_instance}: instances hosting more than one "
+                       "version are not built yet (only 1)")
 
 
 def _trace_path(base: str, mode: str, many: bool) -> str:
