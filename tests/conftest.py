@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import faulthandler
+import os
+import signal
+import sys
+import threading
+
 import pytest
 
 
@@ -13,3 +19,32 @@ def remove_shm_weights(tmp_path):
     yield
     for run in [tmp_path, *tmp_path.iterdir()]:
         weights.cleanup(str(run))
+
+
+# Every test has a wall-clock bound, so a hang fails that one test with the stacks of every thread
+# instead of eating the CI job's whole time. The bound is generous: the slowest lanes (real models
+# on 2 cores) take a few minutes.
+TEST_BOUND_S = int(os.environ.get("DORA_TEST_BOUND_S", "900"))
+
+
+class RanPastItsBound(Exception):
+    """A test ran past TEST_BOUND_S."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    if TEST_BOUND_S <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def over_bound(signum, frame):
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        raise RanPastItsBound(f"{item.nodeid} ran past its {TEST_BOUND_S} s bound (DORA_TEST_BOUND_S)")
+
+    previous = signal.signal(signal.SIGALRM, over_bound)
+    signal.alarm(TEST_BOUND_S)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
