@@ -2,7 +2,8 @@
 turn ending on a stop character calls it), and the real SmolLM2 through pipelines/agentic_calc.yaml
 (a short version of the learning run in docs/benchmarks.md). Both audit the run folder as the other
 end-to-end tests do: nothing lost, each trajectory trained once in whole groups within K, and the
-multi-turn step metrics (turns_mean, tool_calls, tool_errors, tool_wait_s) on every step."""
+multi-turn step metrics (turns_mean, tool_calls, tool_errors, tool_wait_s) on every step, also after
+--resume."""
 
 from __future__ import annotations
 
@@ -37,6 +38,23 @@ def test_tiny_model_multiturn_run(tmp_path):
     check_metrics(run, steps, tb)
     check_accounting(run, steps, tb)
     check_ledger(run, steps, tb, group_size=4, max_staleness=1)
+    check_tool_metrics(run, tb, max_turns=3)
+
+    # The same run continued from its checkpoint: the trajectories it held (their turns, masks and
+    # behaviour logprobs) come back and train; the trainer refuses a mask that does not align
+    # with its tokens, so a clean exit with whole groups on every step means they still align.
+    from dora.rl.launch import run_main
+    more = steps + 2
+    rc = run_main(["--resume", str(tmp_path), f"nodes.train.params.steps={more}", "--quiet", "--deadline", "300"])
+    run = RunDir(tmp_path)
+    assert rc == 0, run.describe()
+    check_metrics(run, more, tb)
+    acc = run.accounting
+    assert acc["lost"] == 0 and acc["c1_violations"] == acc["c2_violations"] == acc["c3_violations"] == 0, acc
+    assert acc["trained_total"] == more * tb == acc["trained_before_resume"] + acc["trained"], acc
+    assert [e["step"] for e in run.ledger] == list(range(1, more + 1)), run.describe()
+    uids = [u for e in run.ledger for u in e["uids"]]
+    assert len(uids) == len(set(uids)) == more * tb
     check_tool_metrics(run, tb, max_turns=3)
 
 
