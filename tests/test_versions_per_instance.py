@@ -1,5 +1,5 @@
-"""async.versions_per_instance (M): validated in `dora validate` (M >= 1; M > 1 is not built and is
-refused) and in the simulator's memory model (M weight copies next to one request of the maximum length)."""
+"""async.versions_per_instance (M): validated in `dora validate` (declared 1 <= M <= 1: M > 1 is not
+built and is refused) and in the simulator's memory model (M weight copies next to one request of the maximum length)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def _with_m(m: int) -> str:
 
 def test_validate_accepts_one_and_refuses_zero_and_more(tmp_path):
     assert not [d for d in diagnose(tmp_path, _with_m(1)) if d.severity == "error"]
-    for m, msg in ((0, "must be >= 1, got 0"), (2, "not built yet")):
+    for m, msg in ((0, "must be >= 1, got 0"), (2, "must be <= 1, got 2")):
         errors = [d for d in diagnose(tmp_path, _with_m(m)) if d.severity == "error"]
         assert len(errors) == 1 and msg in errors[0].message, errors
 

@@ -52,10 +52,6 @@ def settings_problems(g: Graph, specs: dict[str, OpSpec | None]) -> list[Diagnos
             where = (f"nodes.{datasets[0]}.params.group_size" if e.key == "group_size" and datasets
                      else f"async.{e.key}" if e.key != "group_size" else "async")
             diags.append(error(f"async: {e}", g.loc_of(where)))
-    if isinstance(g.async_.versions_per_instance, int) and g.async_.versions_per_instance > 1:
-        diags.append(error(f"async.versions_per_instance {g.async_.versions_per_instance}: rollout instances "
-                           "hosting more than one version are not built yet; use 1",
-                           g.loc_of("async.versions_per_instance")))
     diags += validate_loggers(g)
     diags += _model_problems(g)
     diags += _broadcast_problems(g, specs, params)

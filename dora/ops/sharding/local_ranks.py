@@ -49,19 +49,23 @@ class LocalRank:
         return out
 
 
-def _rank_main(target: Callable, rank: int, world: int, rdv: Any, results: Any, args: tuple) -> None:
+def _rank_main(target: Callable, rank: int, world: int, rdv: Any, results: Any, collected: Any,
+               args: tuple) -> None:
     try:
         results.put((rank, "ok", target(LocalRank(rank, world, rdv), *args)))
     except BaseException:
         results.put((rank, "error", traceback.format_exc()))
+    # torch sends a result's tensors as shared-memory file descriptors that the sender must still hold
+    # when the parent unpickles them: stay alive until the parent has every result
+    collected.wait(timeout=RANK_TIMEOUT_S)
 
 
 def run_local_ranks(target: Callable, world: int, *args: Any, timeout_s: float = RANK_TIMEOUT_S) -> list[Any]:
     """target(LocalRank, *args) in `world` spawned processes; their results by rank. A rank that
     raises, or gives nothing within timeout_s, fails the call naming it."""
     ctx = mp.get_context("spawn")
-    rdv, results = ctx.Queue(), ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(target, r, world, rdv, results, args), daemon=True)
+    rdv, results, collected = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_rank_main, args=(target, r, world, rdv, results, collected, args), daemon=True)
              for r in range(world)]
     for p in procs:
         p.start()
@@ -76,6 +80,7 @@ def run_local_ranks(target: Callable, world: int, *args: Any, timeout_s: float =
                 raise RuntimeError(f"rank {rank} failed:\n{value}")
             out[rank] = value
     finally:
+        collected.set()
         for p in procs:
             p.join(timeout=10)
             if p.is_alive():
