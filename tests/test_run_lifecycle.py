@@ -265,7 +265,9 @@ def test_random_sigkills_of_generate_replicas_keep_the_ledger_exact(tmp_path):
 
     rng = random.Random(7)
     out = tmp_path / "run"
-    p = start(out, *DORA, steps=12)   # the last kill comes 7+ steps before the end: the run needs its respawn
+    # the last kill comes 15+ steps before the end, so the run still needs the respawned replica when
+    # it is up (respawns count once the new process is up: a run that ends first counts none)
+    p = start(out, *DORA, steps=20)
     killed = []
     for target_step in sorted(rng.sample(range(1, 6), 2)):
         wait_for_steps(p, out, target_step)
@@ -279,7 +281,7 @@ def test_random_sigkills_of_generate_replicas_keep_the_ledger_exact(tmp_path):
             while time.monotonic() < deadline and len(_workers_of(p.pid, "rollout")) < 2 and p.poll() is None:
                 time.sleep(0.2)
     assert p.wait(timeout=600) == 0, p.stdout.read()
-    summary = _audit_exact(out, 12, 16, 2)
+    summary = _audit_exact(out, 20, 16, 2)
     assert summary["accounting"]["respawns"] == len(killed) == 2
 
 
