@@ -142,6 +142,8 @@ def valid_graphs(draw) -> Graph:
         free = sorted(k for k, ps in spec.params.items() if k not in fixed.get(op, {}) and ps.names_from is None)
         params = {k: draw(value_for(spec.params[k])) for k in draw(st.lists(st.sampled_from(free), max_size=3, unique=True))}
         params.update(fixed.get(op, {}))
+        if op == "generate" and engine != "torch":
+            params.pop("kv_cache_gb", None)   # the torch engine's setting: vllm refuses it (generate.check_params)
         pool = "gen" if op == "generate" else "learn" if op in ("update", "critic", "reference") else None
         # generate: data-parallel replicas, a TP group each on vllm; update/critic/reference: ranks of one group
         devices = draw(st.integers(1, 2)) if op == "generate" and params.get("engine") == "vllm" else 1
