@@ -1,7 +1,11 @@
 """Data the rollout control code exchanges with rollout instances, and the instance protocol.
 
 One `RolloutInstance` = one data-parallel rollout group (one generate replica in the real
-runtime, one `SimInstance` in the simulator). It hosts exactly one policy version at a time.
+runtime, one `SimInstance` in the simulator). It hosts up to M policy versions at once
+(`async.versions_per_instance`): its current `version`, which new requests are submitted on, and
+the older versions of requests still running there. Each request decodes on its own version's
+weights (C1); an older version's weights leave the instance when its last request there leaves
+(finishes or is exported).
 """
 
 from __future__ import annotations
@@ -84,10 +88,12 @@ class RolloutInstance(Protocol):
     than its return value says."""
 
     name: str
-    version: int | None
+    version: int | None          # the current version: new requests are submitted on it
 
     def load_version(self, v: int) -> None:
-        """Switch weights to version v. Caller guarantees the instance holds no requests."""
+        """Make v the current version. With M = 1 the caller guarantees the instance holds no
+        requests. With M > 1, requests of older versions may stay and keep decoding on their own
+        weights; the caller guarantees that v and the versions of the requests here number <= M."""
 
     def submit(self, reqs: list[Request]) -> None:
         """Queue requests; each req.version == self.version."""
@@ -96,7 +102,8 @@ class RolloutInstance(Protocol):
         """Remove these in-flight requests and return their state (with KV where possible)."""
 
     def import_(self, states: list[RequestState]) -> None:
-        """Resume requests of this instance's version (no re-prefill when has_kv)."""
+        """Resume requests (no re-prefill when has_kv); each state's version is the current
+        version or one hosted here (the version of a request still here)."""
 
     def interrupt_all(self) -> list[RequestState]:
         """Stop every request in flight (partial mode), keeping the tokens so far."""
