@@ -110,7 +110,9 @@ def test_second_sigint_stops_at_once_and_still_cleans_up(tmp_path):
     time.sleep(0.3)
     p.send_signal(signal.SIGINT)
     rc = p.wait(timeout=30)
-    assert rc == 130, p.stdout.read()
+    # 130 from dora run; or, when the second signal lands after the summary is written (the process
+    # is exiting), the default handler's death by SIGINT, which a shell reports as 130 too
+    assert rc in (130, -signal.SIGINT), p.stdout.read()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ended"] == "preempted"
     assert not os.path.exists(shm_dir(str(out)))

@@ -35,13 +35,16 @@ from dora.runtime.run_controller import START_TIMEOUT_S, STALL_TIMEOUT_S, Contro
 class StopSignals:
     """SIGTERM / SIGINT during a run: the first asks the controller to stop cleanly (the driver stops
     dispatch and checkpoints, then summary, trace and clean-up as usual); a second one stops at once
-    (KeyboardInterrupt: workers are killed, clean-up still runs). Only the main thread can install
-    handlers; elsewhere (a run driven from a thread) this does nothing."""
+    (KeyboardInterrupt: workers are killed, clean-up still runs). Once the workers are gone, a signal
+    no longer interrupts anything: what is left is writing the summary, which is quick and must not
+    be cut short. Only the main thread can install handlers; elsewhere (a run driven from a thread)
+    this does nothing."""
 
     def __init__(self, ctrl, progress):
         self.ctrl, self.progress = ctrl, progress
         self.received: int | None = None
         self.previous: dict[int, Any] = {}
+        self.workers_gone = False
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -55,6 +58,9 @@ class StopSignals:
 
     def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
+        if self.workers_gone:
+            self.progress.status(f"{name}: the run has stopped; writing its summary")
+            return
         if self.received is not None:
             raise KeyboardInterrupt(f"second signal ({name}): stopping at once")
         self.received = signum
@@ -106,9 +112,10 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
         return run
     t0 = time.monotonic()
     signals = StopSignals(run.ctrl, run.progress)
-    ended, error = _run(run, signals)
-    summary = _summary(run, graph, run_dir, backend=backend, seed=seed, source=source, resume=resume, ended=ended,
-                       error=error, wall=time.monotonic() - t0)
+    with signals:
+        ended, error = _run(run, signals)
+        summary = _summary(run, graph, run_dir, backend=backend, seed=seed, source=source, resume=resume, ended=ended,
+                           error=error, wall=time.monotonic() - t0)
     run.progress.summary_table(summary)
     if ended == "preempted":
         print(f"dora run: preempted ({summary['stop_reason']}); summary in {run_dir}", file=sys.stderr)
@@ -196,8 +203,7 @@ def _run(run: _Run, signals: StopSignals) -> tuple[str, str | None]:
     whatever happens."""
     ended, error = "failed", None
     try:
-        with signals:
-            run.ctrl.run()
+        run.ctrl.run()
         ended = "preempted" if run.ctrl.stop_requested else "finished"
     except RunFailed as e:
         error = str(e)   # names the node and replica, with the worker's traceback (none for bad input)
@@ -207,6 +213,7 @@ def _run(run: _Run, signals: StopSignals) -> tuple[str, str | None]:
     except Exception as e:   # a driver or control error: a named failure, not a bare traceback
         error = f"the run's control code failed: {type(e).__name__}: {e}\n{traceback.format_exc()}"
     finally:
+        signals.workers_gone = True
         run.progress.close()
         run.metrics.close()
         weights.cleanup(run.ctrl.run_dir)   # the /dev/shm copies; checkpoints stay in run_dir

@@ -282,16 +282,25 @@ class Controller:
         if self.zctx is None:
             return
         try:
-            for w in self.workers.values():
-                self.send_ctrl(w.label, {"kind": "stop"})
-        except zmq.ZMQError:
-            pass
-        if self.backend is not None:
-            self.backend.shutdown(timeout_s=10.0 if graceful else 2.0)
-        self.managed.close_all()
-        self.ctrl.close(0)
-        security.release(self.zctx)
-        security.install(None)
-        self.zctx.term()
+            try:
+                for w in self.workers.values():
+                    self.send_ctrl(w.label, {"kind": "stop"})
+            except zmq.ZMQError:
+                pass
+            if self.backend is not None:
+                self.backend.shutdown(timeout_s=10.0 if graceful else 2.0)
+        except KeyboardInterrupt:
+            # a second signal during the graceful wait means "at once": kill what is left, then go on
+            if self.backend is not None:
+                self.backend.shutdown(timeout_s=0.0)
+            raise
+        finally:
+            # whatever interrupted the above, close every socket without linger: a context left to the
+            # garbage collector would block the interpreter's exit on messages to dead workers
+            self.managed.close_all()
+            self.ctrl.close(0)
+            security.release(self.zctx)
+            security.install(None)
+            self.zctx.destroy(linger=0)
         if graceful and self._own_run_dir and self.run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
