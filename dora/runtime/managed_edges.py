@@ -127,6 +127,8 @@ class ManagedEdges:
         for (dst, _), out in self.outs.items():
             if dst == node:
                 out.reset_consumer(replica)
+                # what the driver queued for the dead one and not yet sent is the dead one's too
+                out.queue = collections.deque(q for q in out.queue if q[0] != replica)
 
     def close_all(self) -> None:
         for out in self.outs.values():
