@@ -28,13 +28,12 @@ import pyarrow as pa
 
 from dora.graph.resolve import Resolved
 from dora.observe.trace import TraceWriter
-from dora.rl import run_accounting, run_state, trainer_restart
+from dora.rl import replica_loss, run_accounting, run_state, trainer_restart
 from dora.rl.clock import RunClock
 from dora.rl.elastic_lending import ElasticLending
 from dora.rl.prompt_feed import PromptFeed
 from dora.rl.replica_instance import CALL_TIMEOUT_S, ReplicaInstance
 from dora.rl.roles import RLRoles
-from dora.rl.replica_loss import held_by_lost
 from dora.rl.shared_devices import SharedDevices, shared_devices
 from dora.rl.rollout import Finished, RolloutConfig, RolloutController
 from dora.rl.step_record import driver_step_record
@@ -185,12 +184,7 @@ class RLDriver:
         once it is up): reissue what the dead one held, whole groups, onto live replicas."""
         if node == self.roles.update:
             return trainer_restart.restarted(self, why)
-        self.progress.status(f"{node}[{replica}] lost ({why.splitlines()[0][:120]}); respawned, its work reissued")
-        self.respawns += 1
-        gids, revoked = held_by_lost(self, node, replica)
-        if revoked:
-            self.feed.pending = None
-        self.reissue(gids)
+        replica_loss.replaced(self, node, replica, why)
 
     def reissue(self, gids: list[str]) -> None:
         """Dispatch these groups again, first, as new groups (PromptFeed.reissue)."""
@@ -231,6 +225,8 @@ class RLDriver:
                 for u, tv, rt in zip(ev["uids"], ev.get("token_versions") or [None] * n,
                                      ev.get("response_tokens") or [0] * n)
                 if str(u) not in self.restarts.abandoned]   # (interrupted at a trainer restart: accounted)
+        if not done:
+            return
         self._rc().on_finished(f"{node}[{replica}]", done)
         if self.elastic is not None:
             self.elastic.on_finished(replica, [f.response_tokens for f in done])

@@ -15,6 +15,8 @@ from typing import Any
 from dora.runtime.errors import RunFailed
 from dora.runtime.worker_record import WorkerRecord
 
+GROUP_LOST = "its process group lost"   # why the other ranks of a process group go with a lost one
+
 
 class Supervisor:
     def __init__(self, controller, max_restarts: int):
@@ -69,7 +71,7 @@ class Supervisor:
         w.lost, w.lost_exited = why, exited   # respawned by check() once no call is in progress
         for mate in self._group_of(w):        # its process group cannot go on without it
             if mate.lost is None:
-                mate.lost, mate.lost_exited = f"its process group lost {w.label}", False
+                mate.lost, mate.lost_exited = f"{GROUP_LOST} {w.label}", False
 
     def _group_of(self, w: WorkerRecord) -> list[WorkerRecord]:
         """The other ranks of w's process group (none for a replica of its own)."""
@@ -87,8 +89,9 @@ class Supervisor:
             return   # respawned already, with its process group
         t0 = time.monotonic()
         lost = [w] + self._group_of(w)
+        w, why = next(((x, x.lost) for x in lost if not x.lost.startswith(GROUP_LOST)), (w, why))   # (the first to die)
         for x in lost:
-            if not (x.lost_exited if x is not w else exited):
+            if not (x.lost_exited or (x is lost[0] and exited)):
                 c.backend.kill(x.label)   # a hung, stalled or failed process goes first
         restores = c.driver.before_respawn(w.node, why) if hasattr(c.driver, "before_respawn") else None
         fresh = self._start_again(lost, why, restores or {})
