@@ -28,13 +28,13 @@ import pyarrow as pa
 
 from dora.graph.resolve import Resolved
 from dora.observe.trace import TraceWriter
-from dora.rl import replica_loss, run_accounting, run_state, trainer_restart
+from dora.rl import replica_loss, rollout_start, run_accounting, run_state, trainer_restart
 from dora.rl.clock import RunClock
 from dora.rl.elastic_lending import ElasticLending
 from dora.rl.prompt_feed import PromptFeed
 from dora.rl.replica_instance import CALL_TIMEOUT_S, ReplicaInstance
 from dora.rl.roles import RLRoles
-from dora.rl.shared_devices import SharedDevices, shared_devices
+from dora.rl.shared_devices import SharedDevices
 from dora.rl.rollout import Finished, RolloutConfig, RolloutController
 from dora.rl.step_record import driver_step_record
 from dora.rl.multiturn_reports import MultiTurnReports, turn_trace_path
@@ -205,19 +205,8 @@ class RLDriver:
     # ------------------------------------------------------------ internals
     def _rc(self) -> RolloutController:
         if self.rc is None:
-            gen = self.graph.nodes[self.roles.generate]
-            slots = self.params[self.roles.generate]["max_batch"]
-            instances = self.reused_instances or [ReplicaInstance(self, gen.name, r, slots) for r in range(gen.replicas)]
-            self.rc = RolloutController(self.cfg, instances, self.prompts.take, self.clock, trace=self.trace,
-                                        initial_version=self.initial_version)
-            self.rc.restore_finished(self.restored_finished)
-            self.rc.start()
-            spares = [r.replica for r in self.ctrl.plan.of(gen.name) if r.spare]
-            if spares:
-                self.elastic = ElasticLending(self, [ReplicaInstance(self, gen.name, r, slots) for r in spares])
-            self.shared = shared_devices(self, instances)
+            self.rc = rollout_start.start_rollout(self)
         return self.rc
-
 
     def _on_finished(self, node: str, replica: int, ev: dict[str, Any]) -> None:
         n = len(ev["uids"])

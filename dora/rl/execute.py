@@ -165,6 +165,7 @@ def _build(graph, run_dir: str, resolved, roles: RLRoles | None, *, seed: int, q
     restores = None
     if resume is not None:
         driver.restore(resume.state, resume.pending)
+        driver.checkpoints.append(resume.folder)   # (what a trainer restart goes back to, before a newer one)
         restores = run_state.replica_restores(resume.state, roles, graph, resume.folder)
         _keep_earlier_trace(run_dir)
     dash = None

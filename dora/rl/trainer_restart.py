@@ -76,12 +76,13 @@ def checkpointed(d, step: int) -> None:
 
 
 def last_checkpoint(d) -> tuple[int, str | None]:
-    """(step, folder) of the run's newest complete checkpoint; (0, None) when there is none."""
-    if d.checkpoints:   # committed by this process: whole (its manifest was written last)
-        folder = d.checkpoints[-1]
-        return int(os.path.basename(folder).removeprefix("step_")), folder
-    found, _ = checkpoint.trusted(d.ctrl.run_dir)   # (a resumed run's, or none)
-    return found if found is not None else (0, None)
+    """(step, folder) of the run's newest complete checkpoint: one this process committed (whole: its
+    manifest was written last), or the one it resumed from; (0, None) when there is none (never
+    a folder an earlier run left in an --overwrite'd RUN_DIR)."""
+    if not d.checkpoints:
+        return 0, None
+    folder = d.checkpoints[-1]
+    return int(os.path.basename(folder).removeprefix("step_")), folder
 
 
 def prepare(d, why: str) -> dict[str, dict[str, Any]]:
