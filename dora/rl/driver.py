@@ -115,6 +115,8 @@ class RLDriver:
             self.multiturn.on_event(f"{node}[{replica}]", ev, self.rc)
         if kind == "finished" and node == self.roles.generate:
             self._on_finished(node, replica, ev)
+        elif kind in ("weights", "train_step") and trainer_restart.stale(self, ev):
+            self.progress.status(f"ignored a dead trainer's late {kind} event")
         elif kind == "weights":
             self._on_weights(ev)
         elif kind == "train_step":

@@ -59,6 +59,18 @@ def not_possible(d) -> str | None:
     return None
 
 
+def stale(d, ev: dict) -> bool:
+    """A trainer event sent by a dead trainer that arrives after its restart (too late for
+    `prepare`): its weights and steps are gone. The new trainer publishes the version it restored,
+    then each step's version before that step's train_step, one batch at a time."""
+    if d.restarts.count == 0 or d.restarts.restarting:
+        return False
+    v = int(ev.get("version", -1))
+    if ev.get("kind") == "weights" and v == d.initial_version:
+        return False
+    return d.feed.sent is None or v != d.steps_done + 1
+
+
 def remember_trained(d, step: int, uids: list[str]) -> None:
     """Step `step` trained these uids: keep their groups' prompt rows until a checkpoint covers it."""
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -90,7 +102,9 @@ def prepare(d, why: str) -> dict[str, dict[str, Any]]:
     return what each new trainer rank restores from (label -> OpContext.restore)."""
     r = d.restarts
     r.restarting = True
-    d.ctrl.deliver_events()   # what arrived before the death, under the old books
+    for _ in range(5):   # what the dead ranks sent before they died reaches the controller in ms
+        d.ctrl.pump(20)
+    d.ctrl.deliver_events()   # ... and is handled under the old books
     step, folder = last_checkpoint(d)
     state, pending = checkpoint.read(folder) if folder else ({"trained_before": d.trained_before}, None)
     _close_segment(d, step)
