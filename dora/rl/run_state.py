@@ -102,10 +102,21 @@ def restore(driver, state: dict[str, Any], pending: pa.Table | None) -> None:
         driver.prompts.requeue(rows)
     driver.reissued_at_resume = sum(len(rows) for rows in state["reissue"])
     if pending is not None:
-        driver.feed.schema = pending.schema
-        for row in pending.to_pylist():
-            driver.feed.scored[str(row["uid"])] = row
-        driver.restored_finished = pending_trajectories(pending)
+        put_back(driver, pending)
+
+
+def put_back(driver, pending: pa.Table) -> None:
+    """A checkpoint's finished, untrained trajectories: scored rows for the trainer, open groups (so a
+    later checkpoint saves them again while untrained), and the rollout controller's queue at start."""
+    driver.feed.schema = driver.feed.schema or pending.schema
+    for row in pending.to_pylist():
+        uid = str(row["uid"])
+        driver.feed.scored[uid] = row
+        driver.prompts.payloads[uid] = row
+        members = driver.prompts.open_groups.setdefault(str(row["group_id"]), [])
+        if uid not in members:
+            members.append(uid)
+    driver.restored_finished = pending_trajectories(pending)
 
 
 def pending_trajectories(pending: pa.Table) -> list[Trajectory]:

@@ -30,6 +30,7 @@ from typing import Any
 
 from dora.ops.weights import versions as weights
 from dora.rl import checkpoint, lineage, run_state
+from dora.rl.run_accounting import merge
 
 RESTART_REASON = "trainer_restart"
 
@@ -42,6 +43,7 @@ class TrainerRestarts:
         self.restarting = False                             # between prepare and restarted
         self.from_step: int | None = None                   # the step the last restart went back to
         self.trained_since: dict[int, list[list[dict[str, Any]]]] = {}   # step -> prompt rows of its groups
+        self.trained_n: dict[int, int] = {}                 # step -> trajectories it trained (same steps)
         self.earlier: dict[str, Any] = {}                   # the closed segments' books (run_accounting.py)
         self.abandoned: set[str] = set()                    # uids interrupted at a restart (late finishes ignored)
         self.restored = 0                                   # finished trajectories put back from checkpoints
@@ -79,12 +81,14 @@ def remember_trained(d, step: int, uids: list[str]) -> None:
         if row is not None:
             groups.setdefault(str(row["group_id"]), []).append(row)
     d.restarts.trained_since[step] = list(groups.values())
+    d.restarts.trained_n[step] = len(uids)
 
 
 def checkpointed(d, step: int) -> None:
     """Checkpoint `step` is committed: the groups trained by then are never generated again."""
     r = d.restarts
     r.trained_since = {s: g for s, g in r.trained_since.items() if s > step}
+    r.trained_n = {s: n for s, n in r.trained_n.items() if s > step}
 
 
 def last_checkpoint(d) -> tuple[int, str | None]:
@@ -136,7 +140,6 @@ def restarted(d, why: str) -> None:
 def _close_segment(d, step: int) -> None:
     """Close the rollout controller's books: what it holds that checkpoint `step` did not train is
     dropped (reason trainer_restart); the generate replicas' requests are interrupted."""
-    from dora.rl.run_accounting import merge
     r, rc = d.restarts, d.rc
     if rc is None:
         return
@@ -145,7 +148,7 @@ def _close_segment(d, step: int) -> None:
         inst.interrupt_all()
         inst.version = None        # whatever it holds, version `step` is loaded before new work
     acc = rc.finish()
-    rolled = sum(len(g) for s, groups in r.trained_since.items() if s > step for g in groups)
+    rolled = sum(n for s, n in r.trained_n.items() if s > step)   # trained by steps the restart rolls back
     dropped = rolled + acc["finished_untrained"] + acc["in_flight_at_end"] + acc["in_training_at_end"]
     acc["trained"] -= rolled
     acc["finished_untrained"] = acc["in_flight_at_end"] = acc["in_training_at_end"] = 0
@@ -166,23 +169,15 @@ def _generate_again(d, step: int, pending) -> None:
                 for row in rows:
                     prompts.payloads[str(row["uid"])] = row
                 prompts.open_groups[str(rows[0]["group_id"])] = [str(row["uid"]) for row in rows]
-    r.trained_since = {}
-    keep = set(pending.column("uid").to_pylist()) if pending is not None else set()
+    r.trained_since, r.trained_n = {}, {}
+    keep = {str(u) for u in pending.column("uid").to_pylist()} if pending is not None else set()
     again = [g for g, uids in prompts.open_groups.items() if uids[0] not in keep]
     r.abandoned.update(u for g in again for u in prompts.open_groups[g])   # their late rows and events are ignored
     r.regenerated_groups += prompts.reissue(again, forget=lambda uid: feed.scored.pop(uid, None))
     feed.scored.clear()   # (only the checkpoint's rows are trained from here)
     d.restored_finished = []
     if pending is not None:
-        feed.schema = feed.schema or pending.schema
-        for row in pending.to_pylist():
-            uid = str(row["uid"])
-            feed.scored[uid] = row
-            prompts.payloads.setdefault(uid, row)
-            members = prompts.open_groups.setdefault(str(row["group_id"]), [])
-            if uid not in members:
-                members.append(uid)
-        d.restored_finished = run_state.pending_trajectories(pending)
+        run_state.put_back(d, pending)
         r.restored += pending.num_rows
 
 
