@@ -116,8 +116,9 @@ class RunConfig:
     keep_checkpoints: int = setting(2, "newest complete checkpoints kept in RUN_DIR/checkpoints", min=1)
     loggers: list[str] = setting(["jsonl"], "where step metrics go besides metrics.jsonl (always written): jsonl, "
                                  "tensorboard (RUN_DIR/tb), wandb (offline, RUN_DIR/wandb)")
-    max_restarts: int = setting(3, "respawns allowed per generate / reward / advantage replica before the run fails",
-                                min=0)
+    max_restarts: int = setting(3, "restarts allowed per replica before the run fails: a generate / reward / advantage "
+                                "replica is respawned and its groups generated again; the trainer restarts from the "
+                                "last checkpoint (0 = any death fails the run)", min=0)
     loc: SourceLoc = dataclasses.field(default_factory=SourceLoc, compare=False)
 
 

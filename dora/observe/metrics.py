@@ -10,7 +10,7 @@ import json
 import math
 import os
 import statistics
-from typing import Any
+from typing import Any, Callable
 
 REQUIRED_KEYS = (
     "step", "policy_version", "reward_mean", "staleness_max", "staleness_mean", "step_time_s",
@@ -38,16 +38,30 @@ class MetricsLog:
     which a resume opens afresh (dora/rl/lineage.py)."""
 
     def __init__(self, run_dir: str, sinks: list[Any] | None = None, append: bool = False,
-                 earlier: list[dict[str, Any]] | None = None):
+                 earlier: list[dict[str, Any]] | None = None, open_sinks: Callable[[], list[Any] | None] | None = None):
+        """`open_sinks`: opens the sinks again (restart_at); none: a restart goes on without them."""
         os.makedirs(run_dir, exist_ok=True)
         self.path = os.path.join(run_dir, "metrics.jsonl")
-        self.records: list[dict[str, Any]] = list(earlier or [])
-        self.sinks = list(sinks or [])
-        self._fh = open(self.path, "a" if append else "w", encoding="utf-8")
+        self.open_sinks = open_sinks
+        self._start(list(earlier or []), list(sinks or []), "a" if append else "w")
+
+    def _start(self, records: list[dict[str, Any]], sinks: list[Any], mode: str) -> None:
+        self.records, self.sinks = records, sinks
+        self._fh = open(self.path, mode, encoding="utf-8")
         if self.sinks and self.records:
             from dora.observe.metric_sinks import write_to
             for record in self.records:
                 write_to(self.sinks, record)
+
+    def restart_at(self, cut: Callable[[], list[dict[str, Any]]]) -> None:
+        """Go back to an earlier step (a trainer restart): the file and the sinks are closed, `cut()`
+        moves the lines after that step away and returns those kept; the file is then appended to,
+        and the sinks start afresh from a replay of the kept records."""
+        had_sinks = bool(self.sinks)
+        self.close()
+        records = cut()
+        sinks = (self.open_sinks() or []) if had_sinks and self.open_sinks is not None else []
+        self._start(records, sinks, "a")
 
     def write(self, record: dict[str, Any]) -> None:
         missing = [k for k in REQUIRED_KEYS if k not in record]

@@ -15,7 +15,8 @@ With `async.elastic`, spare generate replicas on the trainer's devices serve rol
 trainer waits (dora/rl/elastic_lending.py): lent when the trainer idles, reclaimed before a
 batch is taken for it. Generate replicas that share a device with the trainer by declared memory
 shares sleep while it steps in a mode with K = 0 (dora/rl/shared_devices.py).
-Checkpoints and resume: dora/rl/run_state.py.
+Checkpoints and resume: dora/rl/run_state.py. A trainer that dies restarts itself from the last
+checkpoint (dora/rl/trainer_restart.py); the accounting sums its segments (dora/rl/run_accounting.py).
 The same RolloutController runs in the simulator on a virtual clock (dora/sim).
 """
 
@@ -27,22 +28,19 @@ import pyarrow as pa
 
 from dora.graph.resolve import Resolved
 from dora.observe.trace import TraceWriter
-from dora.rl import run_state
+from dora.rl import replica_loss, rollout_start, run_accounting, run_state, trainer_restart
 from dora.rl.clock import RunClock
 from dora.rl.elastic_lending import ElasticLending
 from dora.rl.prompt_feed import PromptFeed
 from dora.rl.replica_instance import CALL_TIMEOUT_S, ReplicaInstance
 from dora.rl.roles import RLRoles
-from dora.rl.replica_loss import held_by_lost
-from dora.rl.shared_devices import SharedDevices, shared_devices
+from dora.rl.shared_devices import SharedDevices
 from dora.rl.rollout import Finished, RolloutConfig, RolloutController
-from dora.rl.step_record import add_trainer_metrics, step_record
+from dora.rl.step_record import driver_step_record
 from dora.rl.multiturn_reports import MultiTurnReports, turn_trace_path
 from dora.rl.trainer_feed import TrainerFeed
 
-RESPAWNABLE_OPS = ("generate", "reward", "advantage", "filter", "reference")
-UNTRAINED = ("dispatched", "trained", "in_training_at_end", "finished_untrained", "in_flight_at_end", "lost",
-             "dropped", "c1_violations", "c2_violations", "c3_violations")
+RESPAWNABLE_OPS = ("generate", "reward", "advantage", "filter", "reference")   # (and the trainer: restarted)
 
 
 class RLDriver:
@@ -85,6 +83,8 @@ class RLDriver:
         self.checkpoint_log: list[dict[str, Any]] = []   # {step, seconds, bytes} of each checkpoint written
         self.resolved_ops = {n: resolved.op_of(n) for n in self.graph.nodes}
         self.respawns = 0
+        self.restarts = trainer_restart.TrainerRestarts()
+        self.reused_instances: list[ReplicaInstance] = []   # the generate replicas, across trainer restarts
         self.elastic: ElasticLending | None = None   # async.elastic: set up with the rollout controller
         self.shared: SharedDevices | None = None     # replicas on the trainer's devices that sleep while it steps
 
@@ -115,15 +115,17 @@ class RLDriver:
             self.multiturn.on_event(f"{node}[{replica}]", ev, self.rc)
         if kind == "finished" and node == self.roles.generate:
             self._on_finished(node, replica, ev)
+        elif kind in ("weights", "train_step") and trainer_restart.stale(self, ev):
+            self.progress.status(f"ignored a dead trainer's late {kind} event")
         elif kind == "weights":
             self._on_weights(ev)
         elif kind == "train_step":
             self._on_train_step(ev)
         elif kind == "filtered":
-            uids = [str(u) for u in ev.get("uids", [])]
+            uids = [str(u) for u in ev.get("uids", []) if str(u) not in self.restarts.abandoned]
             self.filtered_uids += uids
             self.prompts.close(uids)
-            if self._rc().on_dropped(uids, reason="filtered"):
+            if uids and self._rc().on_dropped(uids, reason="filtered"):
                 # The batch we were waiting to complete held a dropped group: it went back to the
                 # queue whole, and the next take builds one without it. (A batch already sent to
                 # the trainer cannot hold one: its rows all came through the filter.)
@@ -143,7 +145,7 @@ class RLDriver:
             self.prompts.dataset_done = True
 
     def tick(self, now: float) -> None:
-        if self.rc is None and (not self.prompts.enough_to_start() or self.initial_version not in self.weight_paths):
+        if self.restarts.restarting or self.rc is None and (not self.prompts.enough_to_start() or self.initial_version not in self.weight_paths):
             return   # (a resumed run also waits for the trainer to publish the version it resumes at)
         rc = self._rc()
         rc.tick()
@@ -166,18 +168,25 @@ class RLDriver:
 
     # ------------------------------------------------------------ replicas that die (run controller)
     def respawnable(self, node: str) -> bool:
-        """Ops that keep nothing across batches can be restarted: what they held is reissued."""
+        """Ops that keep nothing across batches can be restarted: what they held is reissued. The
+        trainer restarts from the last checkpoint (dora/rl/trainer_restart.py)."""
+        if node == self.roles.update:
+            return trainer_restart.not_possible(self) is None
         return self.resolved_ops.get(node) in RESPAWNABLE_OPS
+
+    def why_not_respawned(self, node: str) -> str | None:
+        return trainer_restart.not_possible(self) if node == self.roles.update else None
+
+    def before_respawn(self, node: str, why: str) -> dict[str, dict[str, Any]] | None:
+        """The trainer died: back to the last checkpoint; what its new ranks restore from."""
+        return trainer_restart.prepare(self, why) if node == self.roles.update else None
 
     def on_replica_lost(self, node: str, replica: int, why: str) -> None:
         """Replica node[replica] died and a new process took its place (the run controller calls this
         once it is up): reissue what the dead one held, whole groups, onto live replicas."""
-        self.progress.status(f"{node}[{replica}] lost ({why.splitlines()[0][:120]}); respawned, its work reissued")
-        self.respawns += 1
-        gids, revoked = held_by_lost(self, node, replica)
-        if revoked:
-            self.feed.pending = None
-        self.reissue(gids)
+        if node == self.roles.update:
+            return trainer_restart.restarted(self, why)
+        replica_loss.replaced(self, node, replica, why)
 
     def reissue(self, gids: list[str]) -> None:
         """Dispatch these groups again, first, as new groups (PromptFeed.reissue)."""
@@ -192,42 +201,23 @@ class RLDriver:
     def finish(self) -> dict[str, Any]:
         """Account for every dispatched trajectory (called once the run is over)."""
         if not self.accounting:
-            # (no rollout controller: the run ended before any dispatch, e.g. a resumed run already complete)
-            a = self.rc.finish() if self.rc is not None else {k: 0 for k in UNTRAINED}
-            a["filtered"] = len(self.filtered_uids)
-            a["reward_errors"], a["dataset_skipped_rows"] = self.bad_rows["reward_errors"], self.bad_rows["dataset_skipped"]
-            # a resumed run: this segment's identity holds on its own; these tie it to the earlier ones
-            a["trained_before_resume"] = self.trained_before
-            a["reissued_at_resume"] = self.reissued_at_resume
-            a["trained_total"] = self.trained_before + a["trained"]
-            a["respawns"] = self.respawns
-            a["reissued_requests"] = self.prompts.reissued_requests
-            a["late_rows_dropped"] = self.feed.late_rows
-            self.accounting = a
+            self.accounting = run_accounting.account(self)
         return self.accounting
 
     # ------------------------------------------------------------ internals
     def _rc(self) -> RolloutController:
         if self.rc is None:
-            gen = self.graph.nodes[self.roles.generate]
-            slots = self.params[self.roles.generate]["max_batch"]
-            instances = [ReplicaInstance(self, gen.name, r, slots) for r in range(gen.replicas)]
-            self.rc = RolloutController(self.cfg, instances, self.prompts.take, self.clock, trace=self.trace,
-                                        initial_version=self.initial_version)
-            self.rc.restore_finished(self.restored_finished)
-            self.rc.start()
-            spares = [r.replica for r in self.ctrl.plan.of(gen.name) if r.spare]
-            if spares:
-                self.elastic = ElasticLending(self, [ReplicaInstance(self, gen.name, r, slots) for r in spares])
-            self.shared = shared_devices(self, instances)
+            self.rc = rollout_start.start_rollout(self)
         return self.rc
-
 
     def _on_finished(self, node: str, replica: int, ev: dict[str, Any]) -> None:
         n = len(ev["uids"])
         done = [Finished(str(u), int(rt), tuple(tv) if tv else None)
                 for u, tv, rt in zip(ev["uids"], ev.get("token_versions") or [None] * n,
-                                     ev.get("response_tokens") or [0] * n)]
+                                     ev.get("response_tokens") or [0] * n)
+                if str(u) not in self.restarts.abandoned]   # (interrupted at a trainer restart: accounted)
+        if not done:
+            return
         self._rc().on_finished(f"{node}[{replica}]", done)
         if self.elastic is not None:
             self.elastic.on_finished(replica, [f.response_tokens for f in done])
@@ -250,7 +240,8 @@ class RLDriver:
 
     def _maybe_train(self) -> None:
         feed = self.feed
-        if self.rc is None or feed.sent is not None or self._done or feed.batches_sent >= self.total_steps:
+        if (self.rc is None or feed.sent is not None or self._done or feed.batches_sent >= self.total_steps
+                or self.restarts.restarting):
             return   # (after the last step nothing more is taken: the rest is accounted as untrained)
         elastic = self.elastic
         if elastic is not None and elastic.busy:
@@ -279,19 +270,14 @@ class RLDriver:
                         version=version)
         # The rollout controller numbers a step by the trainer version it starts from.
         self._rc().on_trained(version - 1, version, [str(u) for u in ev.get("uids", sent["uids"])])
-        sm = self.rc.step_metrics[-1].to_dict() if self.rc.step_metrics else {}
-        counters = {"wire_rejected": self.ctrl.rejected(), "respawns": self.respawns,
-                    "reissued_requests": self.prompts.reissued_requests}
-        rec = step_record(step=step, version=version, sent=sent, sm=sm, ev=ev, wall_s=now, counters=counters,
-                          weight_sync=self.weight_sync.get(version, (None, None)),
-                          extra={**(self.elastic.step_metrics() if self.elastic is not None else {}),
-                                 **(self.shared.step_metrics() if self.shared is not None else {})})
-        add_trainer_metrics(rec, ev.get("metrics") or {})
+        rec = driver_step_record(self, step, version, sent, ev, now)
         self.metrics.write(rec)
         self.progress.step(rec)
         self.steps_done = step
         self.trained_here += len(sent["uids"])
+        trainer_restart.remember_trained(self, step, sent["uids"])   # until a checkpoint covers the step
         self.prompts.close(sent["uids"])   # trained: the run forgets them (a long run's memory stays flat)
         if self.snapshot is not None and self.snapshot.step == version:
             snap, self.snapshot = self.snapshot, None
-            run_state.commit_timed(self, snap)
+            if run_state.commit_timed(self, snap):
+                trainer_restart.checkpointed(self, snap.step)

@@ -159,17 +159,20 @@ def _build(graph, run_dir: str, resolved, roles: RLRoles | None, *, seed: int, q
                   f"and {rolled['trained_trajectories']} trained trajectories the checkpoint never saw to "
                   f"{rolled['folder']}", file=sys.stderr)
         earlier = lineage.kept_records(run_dir)
-    sinks = open_for_run(graph, run_dir, {"pipeline": source, "mode": a.mode, "max_staleness": a.max_staleness,
-                                          "train_batch": a.train_batch, "rollout_batch": a.rollout_batch, "seed": seed})
+    logged = {"pipeline": source, "mode": a.mode, "max_staleness": a.max_staleness, "train_batch": a.train_batch,
+              "rollout_batch": a.rollout_batch, "seed": seed}
+    sinks = open_for_run(graph, run_dir, logged)
     if sinks is None:
         return 1
-    metrics = MetricsLog(run_dir, sinks, append=resume is not None, earlier=earlier)
+    metrics = MetricsLog(run_dir, sinks, append=resume is not None, earlier=earlier,
+                         open_sinks=lambda: open_for_run(graph, run_dir, logged))   # (again after a trainer restart)
     total = resolved.params[roles.update]["steps"] if roles else 0
     progress = RunProgress(total, graph.name, quiet=quiet)
     driver = RLDriver(resolved, roles, metrics, progress) if roles else None
     restores = None
     if resume is not None:
         driver.restore(resume.state, resume.pending)
+        driver.checkpoints.append(resume.folder)   # (what a trainer restart goes back to, before a newer one)
         restores = run_state.replica_restores(resume.state, roles, graph, resume.folder)
         _keep_earlier_trace(run_dir)
     dash = None
@@ -240,6 +243,7 @@ def _summary(run: _Run, graph, run_dir: str, *, backend: str, seed: int, source:
             for key in ("c1_violations", "c2_violations", "c3_violations"):
                 summary[key] = max(summary.get(key, 0), summary["accounting"].get(key, 0))
             summary["weight_loads"] = driver.weight_loads
+            summary["trainer_restarts"] = driver.restarts.count   # (dora/rl/trainer_restart.py)
             if driver.elastic is not None:   # lends, hand-back seconds, requests and KV bytes moved
                 summary["elastic"] = driver.elastic.summary()
             if driver.shared is not None:    # sleeps before each step, wakes at each publish, bytes handed back

@@ -5,7 +5,8 @@ are cut back to what the weights of step N saw.
     tb/, wandb/                    the logger folders of the earlier segments (they hold steps > N)
     checkpoints/step_M (M > N)     folders --resume did not trust (torn or corrupted)
 
-What is cut goes to RUN_DIR/rolled_back/resume_K/ (K = 1, 2, ... per resume), kept for audit with a
+What is cut goes to RUN_DIR/rolled_back/resume_K/ (K = 1, 2, ... per resume; restart_K/ for a
+trainer that restarted itself inside the run, dora/rl/trainer_restart.py), kept for audit with a
 rolled_back.json that says how much and from which step. The resumed run's sinks then get steps
 1..N again from metrics.jsonl (replay), so TensorBoard and W&B show one lineage, as metrics.jsonl
 does. Files are replaced atomically, after the rolled-back copy is complete: a crash during the
@@ -22,16 +23,17 @@ from typing import Any
 ROLLED_BACK = "rolled_back"
 LEDGERS = ("metrics.jsonl", "trained.jsonl")
 LOGGER_DIRS = ("tb", "wandb")
+FROM_STEP = {"resume": "resumed_from_step", "restart": "restarted_from_step"}   # rolled_back.json's key, by kind
 
 
-def segment_dir(run_dir: str) -> str:
-    """A new, empty RUN_DIR/rolled_back/resume_K/ for this resume."""
+def segment_dir(run_dir: str, kind: str = "resume") -> str:
+    """A new, empty RUN_DIR/rolled_back/<kind>_K/ for this resume (or trainer restart)."""
     root = os.path.join(run_dir, ROLLED_BACK)
     os.makedirs(root, exist_ok=True)
     k = 1
-    while os.path.exists(os.path.join(root, f"resume_{k}")):
+    while os.path.exists(os.path.join(root, f"{kind}_{k}")):
         k += 1
-    path = os.path.join(root, f"resume_{k}")
+    path = os.path.join(root, f"{kind}_{k}")
     os.makedirs(path)
     return path
 
@@ -65,13 +67,14 @@ def _replace(path: str, lines: list[str]) -> None:
     os.replace(tmp, path)
 
 
-def roll_back(run_dir: str, step: int, untrusted: list[str] = ()) -> dict[str, Any]:
+def roll_back(run_dir: str, step: int, untrusted: list[str] = (), kind: str = "resume") -> dict[str, Any]:
     """Cut the run's files back to checkpoint `step` (see the module doc); `untrusted`: checkpoint
-    folders newer than it that --resume skipped. Returns what was moved (also in rolled_back.json)."""
+    folders newer than it that --resume skipped; `kind`: resume, or restart (a trainer restart inside
+    the run: rolled_back/restart_K/). Returns what was moved (also in rolled_back.json)."""
     splits = {name: split_lines(os.path.join(run_dir, name), step) for name in LEDGERS}
     loggers = [d for d in LOGGER_DIRS if os.path.isdir(os.path.join(run_dir, d))]
     untrusted = [p for p in untrusted if os.path.isdir(p)]
-    report: dict[str, Any] = {"resumed_from_step": int(step),
+    report: dict[str, Any] = {FROM_STEP[kind]: int(step),
                               "metrics_rows": len(splits["metrics.jsonl"][1]),
                               "trained_rows": len(splits["trained.jsonl"][1]),
                               "trained_trajectories": sum(len(json.loads(x).get("uids", []))
@@ -79,7 +82,7 @@ def roll_back(run_dir: str, step: int, untrusted: list[str] = ()) -> dict[str, A
                               "logger_dirs": loggers, "checkpoints": [os.path.basename(p) for p in untrusted]}
     if not (any(cut for _, cut in splits.values()) or loggers or untrusted):
         return report
-    seg = segment_dir(run_dir)
+    seg = segment_dir(run_dir, kind)
     for name, (kept, cut) in splits.items():
         with open(os.path.join(seg, name), "w", encoding="utf-8") as f:
             f.writelines(cut)

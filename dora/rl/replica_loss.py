@@ -4,9 +4,24 @@ controller calls RLDriver.on_replica_lost): whole groups, dispatched again as ne
 from __future__ import annotations
 
 
+def replaced(d, node: str, replica: int, why: str) -> None:
+    """node[replica] of RLDriver `d` died and its respawn is up: what it held goes again."""
+    d.progress.status(f"{node}[{replica}] lost ({why.splitlines()[0][:120]}); respawned, its work reissued")
+    d.respawns += 1
+    gids, revoked = held_by_lost(d, node, replica)
+    if revoked:
+        d.feed.pending = None
+    d.reissue(gids)
+
+
 def held_by_lost(d, node: str, replica: int) -> tuple[list[str], list[int]]:
     """(group ids to reissue, revoked training steps) for node[replica] of RLDriver `d`, respawned."""
-    rc = d._rc()
+    if d.rc is None:   # nothing dispatched yet, or a trainer restart under way: nothing held
+        for inst in d.reused_instances:
+            if inst.name == f"{node}[{replica}]":
+                inst.version = 0   # the new process holds the seeded initial weights
+        return [], []
+    rc = d.rc
     if node == d.roles.generate and d.elastic is not None and d.elastic.owns(replica):
         return d.elastic.replaced(replica)
     if node == d.roles.generate:

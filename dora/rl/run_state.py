@@ -44,6 +44,8 @@ def capture(driver, step: int) -> Snapshot:
             pending_rows += [feed.scored[u] for u in uids]
         else:
             reissue.append([prompts.payloads[u] for u in uids])
+    # groups queued to go again (a dead replica's, a trainer restart's) are past the dataset cursors
+    reissue += [[r.payload for r in group] for group in prompts.waiting if group[0].group_id in prompts.reissued_groups]
     gen = driver.graph.nodes[driver.roles.generate]
     sampling = {}
     for r in range(gen.replicas):
@@ -100,11 +102,26 @@ def restore(driver, state: dict[str, Any], pending: pa.Table | None) -> None:
         driver.prompts.requeue(rows)
     driver.reissued_at_resume = sum(len(rows) for rows in state["reissue"])
     if pending is not None:
-        driver.feed.schema = pending.schema
-        for row in pending.to_pylist():
-            driver.feed.scored[str(row["uid"])] = row
-        driver.restored_finished = [
-            Trajectory(str(row["uid"]), str(row["group_id"]), int(row["policy_version"]), len(row["prompt_ids"]),
+        put_back(driver, pending)
+
+
+def put_back(driver, pending: pa.Table) -> None:
+    """A checkpoint's finished, untrained trajectories: scored rows for the trainer, open groups (so a
+    later checkpoint saves them again while untrained), and the rollout controller's queue at start."""
+    driver.feed.schema = driver.feed.schema or pending.schema
+    for row in pending.to_pylist():
+        uid = str(row["uid"])
+        driver.feed.scored[uid] = row
+        driver.prompts.payloads[uid] = row
+        members = driver.prompts.open_groups.setdefault(str(row["group_id"]), [])
+        if uid not in members:
+            members.append(uid)
+    driver.restored_finished = pending_trajectories(pending)
+
+
+def pending_trajectories(pending: pa.Table) -> list[Trajectory]:
+    """A checkpoint's finished, untrained trajectories, for the rollout controller's queue."""
+    return [Trajectory(str(row["uid"]), str(row["group_id"]), int(row["policy_version"]), len(row["prompt_ids"]),
                        len(row["response_ids"]), tuple(sorted(set(row.get("token_versions") or [row["policy_version"]]))),
                        0.0, row)
             for row in pending.to_pylist()]
@@ -118,11 +135,15 @@ def checkpoint_due(version: int, total_steps: int, save_every: int) -> bool:
     return version >= total_steps or (save_every > 0 and version % save_every == 0)
 
 
-def commit_timed(driver, snap: Snapshot) -> None:
-    """commit, keeping the run's newest checkpoints and logging {step, seconds, bytes}."""
+def commit_timed(driver, snap: Snapshot) -> bool:
+    """commit, keeping the run's newest checkpoints and logging {step, seconds, bytes}. False when the
+    trainer died first (it restarts from the checkpoint before: dora/rl/trainer_restart.py)."""
     t0 = time.monotonic()
     try:
         folder = commit(driver, snap, driver.run_cfg.keep_checkpoints)
+    except ReplicaLost as e:
+        driver.progress.status(f"checkpoint of step {snap.step} not written: {e}")
+        return False
     except (OSError, CallError) as e:
         if not checkpoint.out_of_space(e):
             raise
@@ -131,6 +152,7 @@ def commit_timed(driver, snap: Snapshot) -> None:
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder) for f in fs)
     driver.checkpoints.append(folder)
     driver.checkpoint_log.append({"step": snap.step, "seconds": round(time.monotonic() - t0, 3), "bytes": size})
+    return True
 
 
 def checkpoint_at_stop(driver) -> None:

@@ -37,6 +37,20 @@ def step_record(*, step: int, version: int, sent: dict[str, Any], sm: dict[str, 
     return rec
 
 
+def driver_step_record(d, step: int, version: int, sent: dict[str, Any], ev: dict[str, Any], now: float) -> dict[str, Any]:
+    """The line of RLDriver `d` for the step its trainer just reported (`ev`), the rollout
+    controller's StepMetrics of that step and run-wide counters included."""
+    sm = d.rc.step_metrics[-1].to_dict() if d.rc.step_metrics else {}
+    counters = {"wire_rejected": d.ctrl.rejected(), "respawns": d.respawns,
+                "reissued_requests": d.prompts.reissued_requests, "trainer_restarts": d.restarts.count}
+    rec = step_record(step=step, version=version, sent=sent, sm=sm, ev=ev, wall_s=now, counters=counters,
+                      weight_sync=d.weight_sync.get(version, (None, None)),
+                      extra={**(d.elastic.step_metrics() if d.elastic is not None else {}),
+                             **(d.shared.step_metrics() if d.shared is not None else {})})
+    add_trainer_metrics(rec, ev.get("metrics") or {})
+    return rec
+
+
 def add_trainer_metrics(rec: dict[str, Any], metrics: dict[str, Any]) -> None:
     """The trainer's own metrics, under their names, or `train/<name>` where the name is taken."""
     for k, v in metrics.items():

@@ -125,8 +125,10 @@ class ManagedEdges:
         if self.inbox is not None:
             self.inbox.reset_sender(label)
         for (dst, _), out in self.outs.items():
-            if dst == node:
+            if dst == node and replica < len(out.socks):   # (ranks 1.. of a process group take no edges)
                 out.reset_consumer(replica)
+                # what the driver queued for the dead one and not yet sent is the dead one's too
+                out.queue = collections.deque(q for q in out.queue if q[0] != replica)
 
     def close_all(self) -> None:
         for out in self.outs.values():
