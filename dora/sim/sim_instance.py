@@ -121,4 +121,5 @@ class SimInstance(SimEngine):
         n = len(self.running)
         used = self.ctx_base + n * self.P
         return InstanceStats(n, len(self.queue), self.slots, used / self.kv_capacity if self.kv_capacity else 0.0,
-                             self.busy_until > self.clock.now(), self._step_s() if n else 0.0, len(self.waiting))
+                             self.busy_until > self.clock.now(), self._step_s() if n else 0.0, len(self.waiting),
+                             min(1.0, self.cost.weight_tokens() / self.kv_capacity) if self.hv.limit > 1 else 0.0)

@@ -53,6 +53,7 @@ class SimConfig:
     max_idle_sim_s: float = 86400.0  # no training step for this long (simulated) = stuck
     drop_groups: float = 0.0        # DAPO dynamic sampling: this fraction of finished groups is dropped (seeded)
     elastic: bool = False           # trainer devices serve rollout while the trainer waits (every mode; sync has none)
+    versions_per_instance: int = 1  # M: versions one rollout instance may host at once
 
 
 def placement(cfg: SimConfig, cost: CostModel, workload: Workload) -> tuple[int, int, bool]:
@@ -182,7 +183,8 @@ def _build(cfg: SimConfig, trace: TraceWriter) -> _Sim:
     n_inst, train_gpus, colocated = placement(cfg, cost, workload)
     clock = VirtualClock()
     rcfg = RolloutConfig(mode=cfg.mode, train_batch=cfg.train_batch, rollout_batch=cfg.rollout_batch,
-                         group_size=cfg.group_size, max_staleness=cfg.max_staleness, **cfg.rollout).resolved()
+                         group_size=cfg.group_size, max_staleness=cfg.max_staleness,
+                         versions_per_instance=cfg.versions_per_instance, **cfg.rollout).resolved()
     prompts = PromptSource(workload, cfg.group_size, cfg.seed)
     holder: dict[str, RolloutController] = {}
     on_finished = _dropping(holder, cfg)       # one for all instances (one filter, one seeded stream)
@@ -190,6 +192,7 @@ def _build(cfg: SimConfig, trace: TraceWriter) -> _Sim:
     for i in instances:
         i.slots = cfg.max_batch or i.slots
         i.kv_capacity = cfg.kv_tokens or i.kv_capacity
+        i.hv.limit = cfg.versions_per_instance
     ctl = holder["c"] = RolloutController(rcfg, instances, prompts, clock, trace)
 
     def colocation_check() -> None:
@@ -201,6 +204,7 @@ def _build(cfg: SimConfig, trace: TraceWriter) -> _Sim:
                 for i in range(train_gpus // cost.model.tp if cfg.elastic and not colocated else 0)]
     for i in lendable:
         i.slots = cfg.max_batch or i.slots
+        i.hv.limit = cfg.versions_per_instance
     elastic = ElasticDevices(ctl, cost, clock, train_gpus, lendable)
     trainer.blocked = elastic.blocked
     return _Sim(cfg, cost, clock, ctl, trainer, instances, lendable, elastic, train_gpus, colocated)

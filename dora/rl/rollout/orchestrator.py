@@ -145,7 +145,7 @@ class Orchestrator:
                     k = m.load(n) - cap
                     if k <= 0 or not under:
                         break
-                    moved += self.migrate(n, list(m.on_instance[n])[-k:], under)
+                    moved += self.migrate(n, m.requests_of(n, v)[-k:], under)
                     under = [u for u in under if m.load(u) < cap]
                 continue
             # requests in a tool wait hold no slot: they neither make an instance over nor fill one
@@ -159,7 +159,7 @@ class Orchestrator:
                 k = min(excess, room)
                 if k <= 0:
                     break
-                uids = list(m.on_instance[n])[-k:]
+                uids = m.requests_of(n, v)[-k:]
                 moved += self.migrate(n, uids, under)
                 room -= k
         return moved
