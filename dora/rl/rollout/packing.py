@@ -65,10 +65,11 @@ class VersionPacker:
         return moved
 
     def kv_fits(self, name: str) -> bool:
-        """Would the KV in use still be <= kv_limit of the room once one more version's weights
-        take their share of it (InstanceStats.version_kv_fraction)?"""
+        """Is mixing worth its KV: once one more version's weights take their share of the room
+        (InstanceStats.version_kv_fraction), do the requests here use at most half of what is left
+        below kv_limit, so that the newest version gets at least as much as they hold?"""
         st = self.m.instances[name].stats()
-        return st.kv_used_fraction <= self.kv_limit * (1 - st.version_kv_fraction)
+        return st.kv_used_fraction <= self.kv_limit * (1 - st.version_kv_fraction) / 2
 
     def mix(self, newest: int) -> dict[str, int]:
         """Step 2: instance -> newest, for each instance that took it."""

@@ -27,7 +27,7 @@ class DoraPolicy(RolloutPolicy):
     def __init__(self, controller):
         super().__init__(controller)
         c = controller
-        self.orch = Orchestrator(c.manager, c.dispatch)
+        self.orch = Orchestrator(c.manager, c.dispatch, c.cfg.versions_per_instance)
         m = c.cfg.versions_per_instance
         self.packer = VersionPacker(c.manager, c.dispatch, m, c.cfg.kv_pressure) if m > 1 else None
         self.triggers = Triggers(c.cfg, c.manager, c.clock)
@@ -64,11 +64,9 @@ class DoraPolicy(RolloutPolicy):
         self.triggers.last_rebalance = t0
         c.ledger.totals["rebalances"] += 1
         spread, floor = self.spread()
+        moves = self.orch.rebalance(d.newest, d.room() + d.held(), spread, floor)
         if self.packer is not None:
-            moves = self.packer.rebalance(d.newest, spread)
-            self.orch.balance_within_versions(list(spread))
-        else:
-            moves = self.orch.rebalance(d.newest, d.room() + d.held(), spread, floor)
+            moves.update(self.packer.rebalance(d.newest, spread))
         d.place_pending_retag()
         if moves:
             c.trace.instant("orchestrator", "rebalance", "rebalance", t0, moves=dict(moves))
