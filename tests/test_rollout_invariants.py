@@ -36,6 +36,13 @@ class FakeInstance:
         assert not self.reqs, f"{self.name}: load_version with requests inside"
         self.version = v
 
+    def hosted(self):
+        """Its current version and the versions of the requests on it."""
+        return {s["r"].version for s in self.reqs.values()} | ({self.version} - {None})
+
+    def holds(self, v):
+        return v == self.version
+
     def submit(self, reqs):
         for r in reqs:
             assert r.version == self.version, "C1: request version != instance version"
@@ -45,13 +52,13 @@ class FakeInstance:
         out = []
         for u in uids:
             s = self.reqs.pop(u)
-            out.append(RequestState(u, s["r"].group_id, self.version, s["r"].prompt_tokens, s["done"], True,
+            out.append(RequestState(u, s["r"].group_id, s["r"].version, s["r"].prompt_tokens, s["done"], True,
                                     s["done"] * 10, s["target"], tuple(sorted(s["versions"]))))
         return out
 
     def import_(self, states):
         for st in states:
-            assert st.version == self.version, "C1: imported state version != instance version"
+            assert self.holds(st.version), "C1: imported state of a version the instance does not hold"
             self.imported_with_kv += st.has_kv
             r = Request(st.uid, st.group_id, st.version, st.prompt_tokens, st.payload)
             self.reqs[st.uid] = {"r": r, "done": st.tokens_done, "target": st.payload, "versions": set(st.token_versions)}
@@ -72,7 +79,7 @@ class FakeInstance:
         for u, s in list(self.reqs.items())[: self.slots]:
             step = rng.randint(0, 40)
             if step:
-                s["versions"].add(self.version)
+                s["versions"].add(s["r"].version)      # each request decodes on its own version's weights
             s["done"] = min(s["target"], s["done"] + step)
             if s["done"] >= s["target"]:
                 del self.reqs[u]
@@ -93,16 +100,18 @@ def make_prompts(g, rng):
     return take, counter
 
 
-def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3, elastic=0):
+def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3, elastic=0, versions=1, make=FakeInstance):
     """`elastic`: that many extra instances are lent while the trainer waits and reclaimed (their
-    requests moved off) once its batch is ready."""
+    requests moved off) once its batch is ready. `versions`: versions_per_instance, with instances
+    built by `make`."""
     rng = random.Random(seed)
     clock = Clock()
-    insts = [FakeInstance(f"i{j}") for j in range(n_inst)]
-    spare = [FakeInstance(f"e{j}") for j in range(elastic)]
+    insts = [make(f"i{j}") for j in range(n_inst)]
+    spare = [make(f"e{j}") for j in range(elastic)]
     lent = False
     take, counter = make_prompts(g, rng)
-    cfg = RolloutConfig(mode=mode, train_batch=tbs, group_size=g, max_staleness=k, rebalance_period_s=1.0)
+    cfg = RolloutConfig(mode=mode, train_batch=tbs, group_size=g, max_staleness=k, rebalance_period_s=1.0,
+                        versions_per_instance=versions)
     c = RolloutController(cfg, insts, take, clock)
     c.start()
     trained: list[str] = []
@@ -151,9 +160,9 @@ def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3, elastic=0):
         if live:
             assert min(live) >= c.queue.next_step - kk
             assert max(live) - min(live) <= kk
-        for i in insts + spare:            # every request sits on an instance of its own version
-            for s in i.reqs.values():
-                assert s["r"].version == i.version
+        for i in insts + spare:            # every request sits on an instance holding its own version
+            assert len(i.hosted()) <= versions, f"{i.name} hosts {sorted(i.hosted())}"
+            assert all(i.holds(s["r"].version) for s in i.reqs.values())
     assert len(batches) >= steps, f"{mode}: only {len(batches)} steps (stuck?)"
     return c, batches, trained, counter[0] * g, insts + spare
 

@@ -48,7 +48,7 @@ def test_trace_workload(tmp_path):
     (["--gpus", "many"], "invalid int"),
     (["--drop-groups", "1.5"], "--drop-groups"),
     (["--versions-per-instance", "0"], "must be >= 1, got 0"),
-    (["--versions-per-instance", "2"], "not built yet"),
+    (["--versions-per-instance", "5", "--model", "qwen2.5-32b"], "5 versions of qwen2.5-32b take 328.0 GB"),
     (["--versions-per-instance", "4", "--model", "qwen2.5-32b", "--workload", "longtail-128k"],
      "4 versions of qwen2.5-32b take 262.4 GB"),
 ])

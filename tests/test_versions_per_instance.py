@@ -1,10 +1,13 @@
-"""async.versions_per_instance (M): validated in `dora validate` (declared 1 <= M <= 1: M > 1 is not
-built and is refused) and in the simulator's memory model (M weight copies next to one request of the maximum length)."""
+"""async.versions_per_instance (M): validated in `dora validate` (M >= 1, with the line), resolved
+per engine (a vllm generate node runs with 1: its replicas hold one set of weights), and bounded by
+memory in the simulator (M weight copies next to one request of the maximum length)."""
 
 from __future__ import annotations
 
-from test_graph_helpers import BASE, diagnose
+from test_graph_helpers import BASE, diagnose, line_of, write
 
+from dora.graph.resolve import resolve
+from dora.graph.yaml_io import load_graph
 from dora.sim.costmodel import MODELS, CostModel
 
 
@@ -12,11 +15,21 @@ def _with_m(m: int) -> str:
     return BASE.replace("async: {mode: sync,", f"async: {{versions_per_instance: {m}, mode: sync,")
 
 
-def test_validate_accepts_one_and_refuses_zero_and_more(tmp_path):
-    assert not [d for d in diagnose(tmp_path, _with_m(1)) if d.severity == "error"]
-    for m, msg in ((0, "must be >= 1, got 0"), (2, "must be <= 1, got 2")):
-        errors = [d for d in diagnose(tmp_path, _with_m(m)) if d.severity == "error"]
-        assert len(errors) == 1 and msg in errors[0].message, errors
+def test_validate_accepts_one_or_more_and_refuses_zero_with_its_line(tmp_path):
+    for m in (1, 2, 3):
+        assert not [d for d in diagnose(tmp_path, _with_m(m)) if d.severity == "error"]
+    errors = [d for d in diagnose(tmp_path, _with_m(0)) if d.severity == "error"]
+    assert len(errors) == 1 and "must be >= 1, got 0" in errors[0].message, errors
+    assert errors[0].loc.line == line_of(_with_m(0), "versions_per_instance")
+
+
+def test_the_run_uses_m_on_torch_and_one_on_vllm(tmp_path):
+    text = BASE.replace("params: {max_tokens: 8}", "params: {max_tokens: 8, engine: ENGINE}")
+    torch = resolve(load_graph(write(tmp_path, text.replace("ENGINE", "torch"))))
+    assert torch.async_.versions_per_instance == 2                  # the declared default
+    vllm = resolve(load_graph(write(tmp_path, _with_m(3).replace("params: {max_tokens: 8}",
+                                                                 "params: {max_tokens: 8, engine: vllm}"))))
+    assert vllm.async_.versions_per_instance == 1
 
 
 def test_memory_bound_states_the_numbers():

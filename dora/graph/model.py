@@ -99,9 +99,11 @@ class AsyncConfig:
                             "released) before each training step; needs an update node with its own pool and "
                             "engine: torch (dora simulate --elastic models it at scale)")
     # declared after the older settings: AsyncConfig is also built positionally (tests, benchmarks)
-    versions_per_instance: int = setting(1, "M: policy versions one rollout instance may hold at once (their "
-                                         "weights share its memory with the KV cache); 1 = one version per instance. "
-                                         "Hosting more than one is not built yet: values above 1 are refused", min=1, max=1)
+    versions_per_instance: int = setting(2, "M: policy versions one rollout instance may hold at once (dora mode: "
+                                         "an old version's last requests keep decoding on their own weights beside "
+                                         "the newest version's; every hosted copy's weights come out of the KV "
+                                         "cache); 1 = one version per instance. Engines that cannot host several "
+                                         "(vllm) run with 1", min=1)
     loc: SourceLoc = dataclasses.field(default_factory=SourceLoc, compare=False)
 
 

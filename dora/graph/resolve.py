@@ -21,7 +21,7 @@ from dora.graph.model import Graph, RunConfig
 from dora.graph.opspec import OpSpec, fill_params
 from dora.graph.schema import resolve_all
 from dora.graph.sections import AsyncSettings, resolve_async
-from dora.graph.settings_check import group_size_of, nodes_with
+from dora.graph.settings_check import ENGINES_HOSTING_VERSIONS, group_size_of, nodes_with
 from dora.graph.validate import validate
 
 
@@ -50,7 +50,16 @@ def resolve(g: Graph) -> Resolved:
     _derive_temperature(specs, params)
     _derive_broadcast_world(g, specs, params)
     async_ = resolve_async(g.async_, group_size_of(g, specs, params))
+    async_ = dataclasses.replace(async_, versions_per_instance=versions_per_instance(async_, specs, params))
     return Resolved(g, specs, params, async_, dataclasses.replace(g.run))
+
+
+def versions_per_instance(a: AsyncSettings, specs: dict[str, OpSpec], params: dict[str, dict[str, Any]]) -> int:
+    """M as the run uses it: async.versions_per_instance where every generate node's engine can host
+    several versions on a replica (ENGINES_HOSTING_VERSIONS), else 1 (vllm replicas hold one set of
+    weights: a pipeline on vllm runs with one version per instance rather than being refused)."""
+    engines = {params[n].get("engine") for n in nodes_with(specs, "generate")}
+    return a.versions_per_instance if engines <= set(ENGINES_HOSTING_VERSIONS) else 1
 
 
 def _specs(g: Graph) -> dict[str, OpSpec]:

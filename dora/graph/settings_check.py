@@ -14,6 +14,7 @@ from dora.graph.sections import ModeError, resolve_async, section_specs
 
 TORCH_ENGINE_CHECK = "dora.ops.engines.paged:engine_problem"   # model -> why the torch engine cannot run it
 ENGINES_THAT_SLEEP = ("torch",)   # generate engines that can hand their device's memory back (sleep / wake)
+ENGINES_HOSTING_VERSIONS = ("torch",)   # generate engines whose replicas may host several policy versions at once
 
 
 def nodes_with(specs: dict[str, OpSpec | None], op: str) -> list[str]:

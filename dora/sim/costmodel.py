@@ -83,6 +83,18 @@ class CostModel:
         return (self.t_fixed + self.t_sched_per_seq * batch + max(self.t_weights, self.t_flops_per_seq * batch)
                 + self.t_per_ctx_token * ctx_tokens)
 
+    def decode_step_versions_s(self, batches, ctx_tokens: float) -> float:
+        """One decode iteration of an instance hosting several versions: each version with running
+        requests (`batches`: how many per version) reads its own weights and runs its own GEMMs;
+        the fixed part, scheduling and the KV read are shared (one step, one KV pool)."""
+        return (self.t_fixed + self.t_sched_per_seq * sum(batches)
+                + sum(max(self.t_weights, self.t_flops_per_seq * b) for b in batches)
+                + self.t_per_ctx_token * ctx_tokens)
+
+    def weight_tokens(self) -> int:
+        """KV tokens one more hosted weight copy displaces on an instance."""
+        return int(self.model.weight_bytes / self.model.kv_bytes_per_token)
+
     def prefill_s(self, new_tokens: int, ctx_before: int = 0) -> float:
         """Prefill of new_tokens after ctx_before cached tokens; attention makes it superlinear."""
         if new_tokens <= 0:

@@ -35,6 +35,7 @@ from dora.rl.rollout.types import Finished
 
 from .virtual_clock import VirtualClock
 from .costmodel import CostModel
+from .hosted_versions import HostedVersions
 from .workloads import Turns
 
 
@@ -45,11 +46,11 @@ PREEMPT_TO = 0.98          # when KV is full, preempt down to this fraction
 class SimSeq:
     """One request inside a SimEngine: where it is (running, queued, waiting for a tool) and how far."""
 
-    __slots__ = ("uid", "group_id", "prompt", "target", "done0", "p0", "end", "versions", "has_kv", "in_host",
-                 "plan", "turn_end", "extra", "fresh", "ready_at")
+    __slots__ = ("uid", "group_id", "version", "prompt", "target", "done0", "p0", "end", "versions", "has_kv",
+                 "in_host", "plan", "turn_end", "extra", "fresh", "ready_at")
 
-    def __init__(self, uid, group_id, prompt, payload, done0, versions, has_kv, ready_at=None):
-        self.uid, self.group_id, self.prompt = uid, group_id, prompt
+    def __init__(self, uid, group_id, version, prompt, payload, done0, versions, has_kv, ready_at=None):
+        self.uid, self.group_id, self.version, self.prompt = uid, group_id, version, prompt   # version: its weights (C1)
         self.done0, self.versions, self.has_kv = done0, versions, has_kv
         self.in_host = False         # KV parked in host memory (an import that did not fit, a tool wait)
         self.p0 = self.end = 0.0
@@ -80,9 +81,10 @@ class SimEngine:
         self.name, self.cost, self.clock = name, cost, clock
         self.on_finished = on_finished
         self.trace = trace or TraceWriter(enabled=False)
-        self.version: int | None = None
+        self.hv = HostedVersions()                  # versions whose weights it holds (M = hv.limit)
         self.slots = cost.model.max_batch
-        self.kv_capacity = cost.kv_capacity_tokens
+        self.kv_room = cost.kv_capacity_tokens      # KV tokens with one version's weights
+        self._kv_cap = self.kv_room                 # KV tokens now: less one weight copy per extra version
         self.running: dict[str, SimSeq] = {}
         self.waiting: dict[str, SimSeq] = {}       # multi-turn: between turns, waiting for a tool
         self.heap: list[tuple[float, str]] = []
@@ -101,9 +103,32 @@ class SimEngine:
         self.reprefill_tokens = 0
         self.preemptions = 0
 
+    # -- hosted versions ---------------------------------------------------------------------------
+    @property
+    def version(self) -> int | None:
+        return self.hv.current
+
+    @property
+    def kv_capacity(self) -> int:
+        return self._kv_cap
+
+    @kv_capacity.setter
+    def kv_capacity(self, tokens: int) -> None:
+        """The KV room with one version hosted (the simulator's and elastic devices' override)."""
+        self.kv_room = tokens
+        self._versions_changed()
+
+    def _versions_changed(self) -> None:
+        """Weights came or left: the KV room follows (what no longer fits is preempted at the next
+        admission, as when the cache fills)."""
+        extra = max(0, self.hv.count() - 1)
+        self._kv_cap = max(1, self.kv_room - extra * self.cost.weight_tokens())
+
     # -- time ----------------------------------------------------------------------------------
     def _step_s(self) -> float:
         n = len(self.running)
+        if len(self.hv.running) > 1:
+            return self.cost.decode_step_versions_s(self.hv.running.values(), self.ctx_base + n * self.P)
         return self.cost.decode_step_s(n, self.ctx_base + n * self.P)
 
     def _advance(self) -> None:
@@ -114,8 +139,8 @@ class SimEngine:
             dp = dt / self._step_s()
             n = len(self.running)
             a = n / self.slots                                      # slot occupancy
-            k0 = (self.ctx_base + n * self.P) / self.kv_capacity     # KV occupancy grows linearly
-            k1 = k0 + n * dp / self.kv_capacity
+            k0 = (self.ctx_base + n * self.P) / self._kv_cap     # KV occupancy grows linearly
+            k1 = k0 + n * dp / self._kv_cap
             if k1 <= a:
                 occ = a
             elif k0 >= a:
@@ -156,7 +181,7 @@ class SimEngine:
         step = self._step_s()
         dp = heap[0][0] - self.P
         n = len(running)
-        p_full = (self.kv_capacity - self.ctx_base) / n            # P at which KV is full
+        p_full = (self._kv_cap - self.ctx_base) / n            # P at which KV is full
         if n > 1 and p_full - self.P < dp:
             dp = p_full - self.P
         t = max(self.clock.now(), self.busy_until) + max(0.0, dp) * step
@@ -183,7 +208,10 @@ class SimEngine:
             if s.turn_end < s.target:
                 self._to_tool(s)
                 continue
+            self.hv.leave(s.version)
             done.append(Finished(uid, s.target + s.extra, s.versions))
+        if done:
+            self._versions_changed()
         self._admit()
         self._reschedule()
         if done:
@@ -215,11 +243,12 @@ class SimEngine:
     # -- running set ---------------------------------------------------------------------------
     def _remove(self, s: SimSeq) -> None:
         del self.running[s.uid]
+        self.hv.stop(s.version)
         self.ctx_base -= s.ctx - s.p0
 
     def _preempt(self) -> None:
         running = self.running
-        limit = PREEMPT_TO * self.kv_capacity
+        limit = PREEMPT_TO * self._kv_cap
         while len(running) > 1 and self.ctx_base + len(running) * self.P > limit:
             s = running[next(reversed(running))]          # the most recently admitted
             done = min(s.turn_end - 1, s.done0 + int(self.P - s.p0))
@@ -233,7 +262,7 @@ class SimEngine:
     def _admit(self) -> None:
         self._preempt()
         q, running = self.queue, self.running
-        limit = ADMIT_WATERMARK * self.kv_capacity
+        limit = ADMIT_WATERMARK * self._kv_cap
         while q and len(running) < self.slots:
             s = next(iter(q.values()))
             ctx = s.ctx
@@ -260,10 +289,11 @@ class SimEngine:
                 self._stall(cost)
                 self.prefill_s += cost
             s.fresh = 0
-            if s.target > s.done0 and self.version not in s.versions:
-                s.versions = tuple(sorted((*s.versions, self.version)))
+            if s.target > s.done0 and s.version not in s.versions:
+                s.versions = tuple(sorted((*s.versions, s.version)))
             s.p0 = self.P
             s.end = self.P + (s.turn_end - s.done0)
             running[s.uid] = s
+            self.hv.start(s.version)
             self.ctx_base += ctx - s.p0
             heapq.heappush(self.heap, (s.end, s.uid))

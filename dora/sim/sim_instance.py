@@ -1,7 +1,9 @@
 """SimInstance: a simulated rollout instance (the RolloutInstance protocol of dora.rl.rollout) over a
 SimEngine (dora/sim/sim_engine.py: continuous batching, KV admission and preemption, tool waits,
-time accounting). It hosts one policy version; submit, export, import_ and interrupt_all move
-requests in and out of the engine."""
+time accounting). It hosts its current version and, with versions_per_instance M > 1, the older
+versions of requests still on it (dora/sim/hosted_versions.py: each extra weight copy comes out of
+the KV room, each version with running requests reads its weights every decode step); submit,
+export, import_ and interrupt_all move requests in and out of the engine."""
 
 from __future__ import annotations
 
@@ -15,30 +17,36 @@ from .sim_engine import SimEngine, SimSeq
 class SimInstance(SimEngine):
     # -- RolloutInstance -----------------------------------------------------------------------
     def load_version(self, v: int) -> None:
-        if self.running or self.queue or self.waiting:
-            raise RuntimeError(f"{self.name}: load_version({v}) while {len(self.running)} running, "
-                               f"{len(self.queue)} queued and {len(self.waiting)} tool-waiting requests "
-                               "(export or interrupt them first)")
+        problem = self.hv.problem_loading(v)
+        if problem:
+            raise RuntimeError(f"{self.name}: load_version({v}): {problem}")
         self._advance()
-        t = self.cost.weight_load_s()
-        now = self.clock.now()
-        self.trace.span("rollout", self.name, f"load v{v}", max(now, self.busy_until), max(now, self.busy_until) + t)
-        self._stall(t)
-        self.load_s += t
-        self.version = v
+        if not self.hv.holds(v):                  # weights already here (a hosted older version): no copy
+            t = self.cost.weight_load_s()
+            now = self.clock.now()
+            self.trace.span("rollout", self.name, f"load v{v}", max(now, self.busy_until),
+                            max(now, self.busy_until) + t)
+            self._stall(t)
+            self.load_s += t
+        self.hv.current = v
+        self._versions_changed()
+        if self.running or self.queue:
+            self._admit()                         # a smaller KV room preempts what no longer fits
+            self._reschedule()
 
     def submit(self, reqs: list[Request]) -> None:
         self._advance()
         for r in reqs:
             if r.version != self.version:
                 raise RuntimeError(f"{self.name}: request {r.uid} has version {r.version}, instance hosts {self.version}")
-            self.queue[r.uid] = SimSeq(r.uid, r.group_id, r.prompt_tokens, r.payload, 0, (), False)
+            self.queue[r.uid] = SimSeq(r.uid, r.group_id, r.version, r.prompt_tokens, r.payload, 0, (), False)
+            self.hv.arrive(r.version)
         self._admit()
         self._reschedule()
 
     def _state(self, s: SimSeq, done: int, has_kv: bool) -> RequestState:
         kv = (s.prompt + s.extra + done) * self.cost.model.kv_bytes_per_token if has_kv else 0
-        return RequestState(s.uid, s.group_id, self.version, s.prompt, done, has_kv, kv, s.payload, s.versions,
+        return RequestState(s.uid, s.group_id, s.version, s.prompt, done, has_kv, kv, s.payload, s.versions,
                             s.ready_at)
 
     def _take_out(self, u: str, keep_kv: bool) -> RequestState:
@@ -47,13 +55,17 @@ class SimInstance(SimEngine):
             done = min(s.turn_end - 1, s.done0 + int(self.P - s.p0))
             self._remove(s)
             self.tokens += done - s.done0
-            return self._state(s, done, keep_kv)
-        s = self.queue.pop(u, None) or self.waiting.pop(u)
-        return self._state(s, s.done0, keep_kv and s.has_kv)
+            st = self._state(s, done, keep_kv)
+        else:
+            s = self.queue.pop(u, None) or self.waiting.pop(u)
+            st = self._state(s, s.done0, keep_kv and s.has_kv)
+        self.hv.leave(s.version)
+        return st
 
     def export(self, uids: list[str]) -> list[RequestState]:
         self._advance()
         out = [self._take_out(u, True) for u in uids]
+        self._versions_changed()
         self._admit()
         self._reschedule()
         return out
@@ -63,10 +75,13 @@ class SimInstance(SimEngine):
         kv = 0
         resumed: collections.OrderedDict[str, SimSeq] = collections.OrderedDict()
         for st in states:
-            if st.version != self.version:
-                raise RuntimeError(f"{self.name}: import of {st.uid} at version {st.version}, instance hosts {self.version}")
-            s = SimSeq(st.uid, st.group_id, st.prompt_tokens, st.payload, st.tokens_done, tuple(st.token_versions),
-                     st.has_kv, st.resume_at)
+            if not self.hv.holds(st.version):
+                raise RuntimeError(f"{self.name}: import of {st.uid} at version {st.version}, instance hosts "
+                                   f"{sorted(self.hv.hosted())}")
+        for st in states:
+            s = SimSeq(st.uid, st.group_id, st.version, st.prompt_tokens, st.payload, st.tokens_done,
+                       tuple(st.token_versions), st.has_kv, st.resume_at)
+            self.hv.arrive(st.version)
             kv += st.kv_bytes
             if s.ready_at is not None:            # between turns: the tool is still running
                 s.in_host = True
@@ -94,12 +109,17 @@ class SimInstance(SimEngine):
         self._advance()
         out = [self._take_out(u, False) for u in [*self.running, *self.queue, *self.waiting]]
         self.heap.clear()
+        self._versions_changed()
         self._reschedule()
         return out
+
+    def hosted_versions(self) -> set[int]:
+        return self.hv.hosted()
 
     def stats(self) -> InstanceStats:
         self._advance()
         n = len(self.running)
         used = self.ctx_base + n * self.P
         return InstanceStats(n, len(self.queue), self.slots, used / self.kv_capacity if self.kv_capacity else 0.0,
-                             self.busy_until > self.clock.now(), self._step_s() if n else 0.0, len(self.waiting))
+                             self.busy_until > self.clock.now(), self._step_s() if n else 0.0, len(self.waiting),
+                             min(1.0, self.cost.weight_tokens() / self.kv_capacity) if self.hv.limit > 1 else 0.0)

@@ -23,8 +23,8 @@ from dora.rl.rollout import POLICIES, RolloutConfig, RolloutConfigError
 MODES = POLICIES.names()   # every rollout mode, in listing order
 
 from .costmodel import MODELS, CostModel
-from .simulator import SimConfig, SimulationError, ideal, simulate
-from .workloads import WORKLOADS, WorkloadError, get_workload, response_tokens
+from .simulator import DEFAULT_VERSIONS, SimConfig, SimulationError, ideal, simulate, versions_problem
+from .workloads import WORKLOADS, WorkloadError, get_workload
 
 KEYS = ("mode", "step_time_s", "tokens_per_s", "rollout_only_fraction", "bubble_fraction", "staleness_max",
         "c1_violations", "c2_violations", "c3_violations", "overhead_fraction")
@@ -60,8 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fraction of finished groups a filter drops (DAPO dynamic sampling); replaced by new prompts")
     p.add_argument("--elastic", action="store_true",
                    help="trainer devices waiting for a batch serve rollout (every mode; colocated sync has none to lend)")
-    p.add_argument("--versions-per-instance", type=int, default=1, metavar="M",
-                   help="policy versions one rollout instance may hold (async.versions_per_instance; only 1 is built)")
+    p.add_argument("--versions-per-instance", type=int, default=DEFAULT_VERSIONS, metavar="M",
+                   help="policy versions one rollout instance may hold at once (async.versions_per_instance, "
+                        f"default {DEFAULT_VERSIONS}); dora mode packs old versions' stragglers beside the newest")
     p.add_argument("--json", default=None, metavar="FILE", help="write results as a JSON array")
     p.add_argument("--trace-out", default=None, metavar="FILE",
                    help="Chrome/Perfetto trace (one file per mode: FILE with .<mode> before the extension)")
@@ -93,7 +94,7 @@ def _configs(a: argparse.Namespace) -> list[SimConfig]:
         c = SimConfig(mode=m, model=a.model, gpus=a.gpus, steps=a.steps, seed=a.seed, train_batch=a.train_batch,
                       rollout_batch=a.rollout_batch, group_size=a.group_size, max_staleness=a.max_staleness,
                       workload=a.workload, trace_file=a.trace, train_gpus=a.train_gpus, drop_groups=a.drop_groups,
-                      elastic=a.elastic)
+                      elastic=a.elastic, versions_per_instance=a.versions_per_instance)
         RolloutConfig(mode=m, train_batch=c.train_batch, rollout_batch=c.rollout_batch, group_size=c.group_size,
                       max_staleness=c.max_staleness).resolved()   # RolloutConfigError -> exit 2
         out.append(c)
@@ -103,14 +104,9 @@ def _configs(a: argparse.Namespace) -> list[SimConfig]:
 def _check_versions(a: argparse.Namespace, workload) -> None:
     """--versions-per-instance: >= 1, and the weights of that many versions must leave room in one
     instance for one request of the workload's maximum length (the longest of a step's draws)."""
-    w = workload.stats()
-    max_len = int(w.longest_prompt + response_tokens(w.longest))
-    problem = CostModel(MODELS[a.model]).versions_problem(a.versions_per_instance, max_len)
+    problem = versions_problem(CostModel(MODELS[a.model]), workload, a.versions_per_instance)
     if problem:
         raise _BadArgs(f"--versions-per-instance {a.versions_per_instance}: {problem}")
-    if a.versions_per_instance > 1:
-        raise _BadArgs(f"--versions-per-instance {a.versions_per_instance}: instances hosting more than one "
-                       "version are not built yet (only 1)")
 
 
 def _trace_path(base: str, mode: str, many: bool) -> str:

@@ -14,6 +14,7 @@ import dataclasses
 import random
 from typing import Any
 
+from dora.graph.model import AsyncConfig
 from dora.observe.trace import TraceWriter
 from dora.rl.rollout import POLICIES, RolloutConfig, RolloutController
 
@@ -22,9 +23,10 @@ from .costmodel import MODELS, CostModel
 from .elastic_devices import ElasticDevices
 from .sim_instance import SimInstance
 from .trainer import SimTrainer
-from .workloads import PromptSource, Workload, get_workload
+from .workloads import PromptSource, Workload, get_workload, response_tokens
 
 
+DEFAULT_VERSIONS: int = AsyncConfig.__dataclass_fields__["versions_per_instance"].default   # declared once there
 ROLLOUT_EFFICIENCY = 0.85   # assumed rollout pool vs full-batch decode bound; only picks the (shared) split
 
 
@@ -53,6 +55,14 @@ class SimConfig:
     max_idle_sim_s: float = 86400.0  # no training step for this long (simulated) = stuck
     drop_groups: float = 0.0        # DAPO dynamic sampling: this fraction of finished groups is dropped (seeded)
     elastic: bool = False           # trainer devices serve rollout while the trainer waits (every mode; sync has none)
+    versions_per_instance: int = DEFAULT_VERSIONS   # M: versions one rollout instance may host at once
+
+
+def versions_problem(cost: CostModel, workload: Workload, versions: int) -> str | None:
+    """Why one instance cannot host `versions` weight copies next to one request of the workload's
+    maximum length (the longest of a step's draws), or None."""
+    w = workload.stats()
+    return cost.versions_problem(versions, int(w.longest_prompt + response_tokens(w.longest)))
 
 
 def placement(cfg: SimConfig, cost: CostModel, workload: Workload) -> tuple[int, int, bool]:
@@ -168,6 +178,10 @@ def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) ->
         raise ValueError(f"unknown model {cfg.model!r}; expected one of {', '.join(MODELS)}")
     if cfg.steps < 1:
         raise ValueError(f"--steps must be >= 1, got {cfg.steps}")
+    problem = versions_problem(CostModel(MODELS[cfg.model]), get_workload(cfg.workload, cfg.trace_file),
+                               cfg.versions_per_instance)
+    if problem:
+        raise ValueError(f"versions_per_instance {cfg.versions_per_instance}: {problem}")
     sim = _build(cfg, trace or TraceWriter(enabled=False))
     if observer is not None:
         observer(sim.ctl, sim.trainer, sim.instances)
@@ -182,7 +196,8 @@ def _build(cfg: SimConfig, trace: TraceWriter) -> _Sim:
     n_inst, train_gpus, colocated = placement(cfg, cost, workload)
     clock = VirtualClock()
     rcfg = RolloutConfig(mode=cfg.mode, train_batch=cfg.train_batch, rollout_batch=cfg.rollout_batch,
-                         group_size=cfg.group_size, max_staleness=cfg.max_staleness, **cfg.rollout).resolved()
+                         group_size=cfg.group_size, max_staleness=cfg.max_staleness,
+                         versions_per_instance=cfg.versions_per_instance, **cfg.rollout).resolved()
     prompts = PromptSource(workload, cfg.group_size, cfg.seed)
     holder: dict[str, RolloutController] = {}
     on_finished = _dropping(holder, cfg)       # one for all instances (one filter, one seeded stream)
@@ -190,6 +205,7 @@ def _build(cfg: SimConfig, trace: TraceWriter) -> _Sim:
     for i in instances:
         i.slots = cfg.max_batch or i.slots
         i.kv_capacity = cfg.kv_tokens or i.kv_capacity
+        i.hv.limit = cfg.versions_per_instance
     ctl = holder["c"] = RolloutController(rcfg, instances, prompts, clock, trace)
 
     def colocation_check() -> None:
@@ -201,6 +217,7 @@ def _build(cfg: SimConfig, trace: TraceWriter) -> _Sim:
                 for i in range(train_gpus // cost.model.tp if cfg.elastic and not colocated else 0)]
     for i in lendable:
         i.slots = cfg.max_batch or i.slots
+        i.hv.limit = cfg.versions_per_instance
     elastic = ElasticDevices(ctl, cost, clock, train_gpus, lendable)
     trainer.blocked = elastic.blocked
     return _Sim(cfg, cost, clock, ctl, trainer, instances, lendable, elastic, train_gpus, colocated)

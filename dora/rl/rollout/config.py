@@ -27,6 +27,10 @@ class RolloutConfig:
     kv_check_s: float = 30.0             # how often tick() polls instance stats for KV pressure
     queue_pressure: float = 0.5          # queued/slots on one instance while a peer of its version idles
     queue_allowance_groups: int = 1      # streaming: an instance gets new groups up to slots + this many groups
+    # M: versions one instance may host at once (async.versions_per_instance, declared in dora.graph.model;
+    # drivers pass the graph's value, the engine's limit applied). 1 here: an instance the caller says
+    # nothing about hosts one version.
+    versions_per_instance: int = 1
 
     def resolved(self) -> "RolloutConfig":
         """Validate and fill mode-dependent defaults; returns a new config."""
@@ -36,4 +40,6 @@ class RolloutConfig:
                                                             c.train_batch, c.group_size)
         except ModeError as e:
             raise RolloutConfigError(str(e)) from None
+        if c.versions_per_instance < 1:
+            raise RolloutConfigError(f"versions_per_instance must be >= 1, got {c.versions_per_instance}")
         return c

@@ -39,14 +39,14 @@ class Dispatcher:
         self.parked.extend((by_uid[s.uid], s) for s in states)
 
     def place_parked(self) -> None:
-        """Parked requests go to the least-loaded host of their version, or to an empty instance
-        that then loads it."""
+        """Parked requests go to the least-loaded instance holding their version, or to an empty
+        instance that then loads it."""
         if not self.parked:
             return
         m = self.m
         left, per = [], collections.defaultdict(list)
         for req, st in self.parked:
-            hosts = [n for n in m.hosts(st.version) if n not in m.lent]
+            hosts = [n for n in m.holders(st.version) if n not in m.lent]
             if not hosts:
                 empty = [n for n, i in m.instances.items() if n not in m.lent and not m.on_instance[n]]
                 if not empty:
@@ -134,7 +134,8 @@ class Dispatcher:
             queued = inst.stats().queued
             if queued < g:
                 continue
-            uids = list(m.on_instance[name])[-queued:]
+            # the current version's requests: an older hosted version's could leave with its weights
+            uids = m.requests_of(name, inst.version)[-queued:]
             states = inst.export(uids)
             reqs = {r.uid: r for r in m.forget(name, [s.uid for s in states])}
             by_group: dict[str, list] = {}
@@ -180,12 +181,13 @@ class Dispatcher:
             m.instances[n].submit(reqs)
 
     def migrate(self, src: str, uids: list[str], dests: list[str]) -> int:
-        """Move requests from src to the least-loaded of dests (all the same version as src)."""
+        """Move requests of one version from src to the least-loaded of dests (each holds that version)."""
         m = self.m
         if not uids or not dests:
             return 0
-        version = m.instances[src].version
-        assert all(m.instances[d].version == version for d in dests), "migration across versions"
+        version = m.on_instance[src][uids[0]].version
+        assert all(m.on_instance[src][u].version == version for u in uids), "migration of several versions at once"
+        assert all(version in m.hosted(d) for d in dests), "migration across versions"
         states = m.instances[src].export(uids)
         reqs = {r.uid: r for r in m.forget(src, [s.uid for s in states])}
         loads = {d: m.decoding_load(d) - m.slots_of(d) for d in dests}

@@ -42,7 +42,7 @@ class Lending:
                 room = [x for x in lent if m.load(x) < m.slots_of(x)]
                 if not room:
                     break
-                d.migrate(n, list(m.on_instance[n])[-excess:], room)
+                d.migrate(n, m.requests_of(n, v)[-excess:], room)
 
     def reclaim(self) -> dict[str, tuple[int, int]]:
         """Empty every lent instance and take it out of the pool: name -> (requests, KV bytes) moved."""

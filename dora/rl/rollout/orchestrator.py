@@ -50,8 +50,8 @@ def partition(total: int, load: dict[int, int]) -> dict[int, int]:
 class Orchestrator:
     """Decides; the Dispatcher does (weight loads, migrations)."""
 
-    def __init__(self, manager: RolloutManager, dispatcher: Dispatcher):
-        self.m, self.d = manager, dispatcher
+    def __init__(self, manager: RolloutManager, dispatcher: Dispatcher, limit: int = 1):
+        self.m, self.d, self.limit = manager, dispatcher, limit   # limit: M, versions per instance
         self.slots_of = manager.slots_of
         self.migrate = dispatcher.migrate
 
@@ -67,6 +67,10 @@ class Orchestrator:
         for n in m.lent:
             v = m.instances[n].version
             load[v] = load.get(v, 0) - m.load(n)
+        for n, inst in regular.items():     # M > 1: an older version's requests beside the current one
+            for w, k in m.versions_on[n].items():   # ride on their instance, outside the partition
+                if w != inst.version:
+                    load[w] -= k
         if inject:
             load[newest] = load.get(newest, 0) + inject
         targets = partition(len(regular), load) or {newest: len(regular)}
@@ -105,7 +109,7 @@ class Orchestrator:
             names.sort(key=m.load)
             release, keep = names[:extra], names[extra:]
             for n in release:
-                self.migrate(n, list(m.on_instance[n]), keep)
+                self.migrate(n, m.requests_of(n, v), keep)
             hosts[v] = keep
             free.extend(release)
         moves: dict[str, int] = {}
@@ -114,18 +118,25 @@ class Orchestrator:
             if need <= 0:
                 continue
             free.sort(key=lambda n: m.instances[n].version != v)   # already on v: no load needed
-            for n in free[:need]:
+            fit = [n for n in free if self.can_take(n, v)]
+            for n in fit[:need]:
                 if m.instances[n].version != v:
                     moves[n] = v
                 hosts[v].append(n)
-            free = free[need:]
+                free.remove(n)
         for n in free:
-            if m.instances[n].version != newest:
+            if m.instances[n].version != newest and self.can_take(n, newest):
                 moves[n] = newest
         for n, v in moves.items():
             self.d.load(n, v)
         self.balance_within_versions(urgent)
         return moves
+
+    def can_take(self, name: str, v: int) -> bool:
+        """May instance `name` make v its current version? The versions of the requests on it, all
+        older than v, and v number <= M (with M = 1: it holds no request of another version)."""
+        here = set(self.m.versions_on[name]) - {v}
+        return len(here) < self.limit and all(w < v for w in here)
 
     def balance_within_versions(self, even: tuple | list = ()) -> int:
         """Move queued-beyond-slots requests to same-version peers with free slots; for versions
@@ -145,7 +156,7 @@ class Orchestrator:
                     k = m.load(n) - cap
                     if k <= 0 or not under:
                         break
-                    moved += self.migrate(n, list(m.on_instance[n])[-k:], under)
+                    moved += self.migrate(n, m.requests_of(n, v)[-k:], under)
                     under = [u for u in under if m.load(u) < cap]
                 continue
             # requests in a tool wait hold no slot: they neither make an instance over nor fill one
@@ -159,7 +170,7 @@ class Orchestrator:
                 k = min(excess, room)
                 if k <= 0:
                     break
-                uids = list(m.on_instance[n])[-k:]
+                uids = m.requests_of(n, v)[-k:]
                 moved += self.migrate(n, uids, under)
                 room -= k
         return moved

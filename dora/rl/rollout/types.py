@@ -50,6 +50,7 @@ class InstanceStats:
     loading: bool = False        # a weight load is still in progress
     step_s: float = 0.0          # measured seconds per decode iteration now (0: idle or not reported)
     tool_waiting: int = 0        # multi-turn requests waiting on a tool (placed here, holding no slot)
+    version_kv_fraction: float = 0.0   # share of the KV room one more hosted version's weights would take (0: not known)
 
 
 @dataclasses.dataclass(slots=True)

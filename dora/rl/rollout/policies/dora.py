@@ -4,7 +4,9 @@ versions after every step, at every publish, periodically and under pressure (tr
 migrating same-version requests with their KV; older versions get new prompts only into idle
 slots (legacy filling). Two rules beyond the paper that keep C1-C3: at a publish, groups still
 queued unstarted on older versions move to the new version; an instance that drains while
-hosting an old version loads the newest at once."""
+hosting an old version loads the newest at once. With versions_per_instance M > 1 the
+VersionPacker (packing.py) replaces the partition: old versions' stragglers are packed onto few
+instances that take the newest version beside them."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import math
 
 from ..deadlines import Deadlines
 from ..orchestrator import Orchestrator
+from ..packing import VersionPacker
 from ..speed import SpeedModel
 from ..triggers import Triggers
 from .rollout_policy import RolloutPolicy
@@ -24,7 +27,9 @@ class DoraPolicy(RolloutPolicy):
     def __init__(self, controller):
         super().__init__(controller)
         c = controller
-        self.orch = Orchestrator(c.manager, c.dispatch)
+        self.orch = Orchestrator(c.manager, c.dispatch, c.cfg.versions_per_instance)
+        m = c.cfg.versions_per_instance
+        self.packer = VersionPacker(c.manager, c.dispatch, m, c.cfg.kv_pressure) if m > 1 else None
         self.triggers = Triggers(c.cfg, c.manager, c.clock)
         self.deadlines = Deadlines(c.ledger, c.queue, c.cfg.max_staleness, c.clock)
         self.speed = SpeedModel()
@@ -44,6 +49,11 @@ class DoraPolicy(RolloutPolicy):
         self.c.dispatch.retag_unstarted(version)
         self.rebalance()
 
+    def dispatch(self) -> None:
+        if self.packer is not None:
+            self.packer.mix(self.c.dispatch.newest)      # an old version no longer fills an instance
+        super().dispatch()
+
     def on_tick(self) -> None:
         if self.triggers.due():
             self.rebalance()                             # trigger 3 (periodic) / trigger 2 (pressure)
@@ -55,6 +65,8 @@ class DoraPolicy(RolloutPolicy):
         c.ledger.totals["rebalances"] += 1
         spread, floor = self.spread()
         moves = self.orch.rebalance(d.newest, d.room() + d.held(), spread, floor)
+        if self.packer is not None:
+            moves.update(self.packer.rebalance(d.newest, spread))
         d.place_pending_retag()
         if moves:
             c.trace.instant("orchestrator", "rebalance", "rebalance", t0, moves=dict(moves))
@@ -83,14 +95,14 @@ class DoraPolicy(RolloutPolicy):
         for n, inst in m.instances.items():
             st = inst.stats()
             self.speed.observe(st)
-            v = inst.version
-            if v == newest and st.active and st.step_s > 0 and n not in m.lent:
+            if inst.version == newest and st.active and st.step_s > 0 and n not in m.lent:
                 rates.append(st.active / st.step_s)
-            if v is None or v == newest or not m.on_instance[n]:
-                continue
-            hosts.setdefault(v, []).append(st)
-            t0 = max(sent.get(r.group_id, 0.0) for r in m.on_instance[n].values())
-            latest[v] = max(latest.get(v, 0.0), t0)
+            for v in m.versions_on[n]:                   # M = 1: the instance's own version
+                if v == newest:
+                    continue
+                hosts.setdefault(v, []).append(st)
+                t0 = max(sent.get(r.group_id, 0.0) for r in m.on_instance[n].values() if r.version == v)
+                latest[v] = max(latest.get(v, 0.0), t0)
         out: dict[int, int] = {}
         for v, t0 in latest.items():
             left, need = dl.deadline(v) - now, t0 + longest - now
