@@ -60,6 +60,7 @@ class AsyncSettings:
     rollout_batch: int = 32       # RBS as the mode runs it (trajectories)
     train_batch: int = 32         # TBS (trajectories)
     group_size: int | None = None  # G, from the dataset node; None: batches arrive as whole groups
+    versions_per_instance: int = 1  # M: policy versions one rollout instance may host at once
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -97,4 +98,4 @@ def resolve_mode(mode: str, max_staleness: int, rollout_batch: int, train_batch:
 def resolve_async(cfg: Any, group_size: int | None) -> AsyncSettings:
     """AsyncSettings for an AsyncConfig and the dataset's group size (None: no dataset node)."""
     k, rbs = resolve_mode(cfg.mode, cfg.max_staleness, cfg.rollout_batch, cfg.train_batch, group_size or 1)
-    return AsyncSettings(cfg.mode, k, rbs, cfg.train_batch, group_size)
+    return AsyncSettings(cfg.mode, k, rbs, cfg.train_batch, group_size, cfg.versions_per_instance)
