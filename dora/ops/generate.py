@@ -230,14 +230,20 @@ class GenerateOp(Operator):
         states = (self.agent or self.engine).export(held)   # a multi-turn one may be waiting on a tool
         if self.agent is not None:
             self._report_waits()
-        return WithBuffers(*states_to_wire(states))   # KV as raw frames, never pickled
+        return self._states_reply(states)
+
+    def _states_reply(self, states: list) -> WithBuffers:
+        """Exported states (KV as raw frames, never pickled) and the versions still hosted here."""
+        value, frames = states_to_wire(states)
+        value["hosted"] = self.engine.hosted_versions()
+        return WithBuffers(value, frames)
 
     def interrupt_all(self):
         self.in_flight.clear()
         states = (self.agent or self.engine).interrupt_all()
         if self.agent is not None:
             self._report_waits()
-        return WithBuffers(*states_to_wire(states))
+        return self._states_reply(states)
 
     def import_(self, state: dict[str, Any], buffers: list | None = None) -> dict[str, Any]:
         states = states_from_wire(state, list(buffers or []))
