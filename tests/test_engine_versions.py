@@ -80,3 +80,19 @@ def test_one_version_engine_loads_only_when_idle():
     drain(eng)
     eng.load_weights(1, tiny_llama(seed=1).state_dict())
     assert len(eng.runner.slots) == 1 and eng.version == 1
+
+
+def test_the_kv_budget_leaves_room_for_every_hosted_weight_copy_and_vllm_hosts_one():
+    from dora.ops.engines.paged.kv_budget import GiB, budget_blocks, host_memory
+    from dora.ops.engines.paged.kv_cache import bytes_per_block
+    from dora.ops.engines.paged.model_spec import spec_of
+    from dora.ops.generate import versions_per_replica
+
+    spec = spec_of(tiny_llama().config)
+    weights = 3 * GiB
+    share = (weights * 4) / host_memory()      # a share of the host: four weight copies' worth
+    common = dict(block_size=16, dtype=torch.float32, device=torch.device("cpu"), max_batch=10 ** 6,
+                  max_seq_len=512, kv_cache_gb=None, memory_fraction=share, workspace=0, weight_bytes=weights)
+    one, two = budget_blocks(spec, **common), budget_blocks(spec, weight_copies=2, **common)
+    assert one - two == pytest.approx(weights / bytes_per_block(spec, 16, torch.float32), abs=1)
+    assert versions_per_replica({"engine": "torch"}, 2) == 2 and versions_per_replica({"engine": "vllm"}, 2) == 1
