@@ -6,6 +6,7 @@ Greedy runs, so parking changes how much is prefilled, never what is generated."
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 import torch
 
@@ -96,4 +97,38 @@ def test_every_turn_of_a_trajectory_is_on_its_version():
     rows = drain(op)
     assert max(r["turns"] for r in rows) == 3
     assert all(set(r["token_versions"]) == {r["policy_version"]} for r in rows)
+    op.teardown()
+
+
+def test_with_two_versions_per_replica_a_load_leaves_tool_waits_on_their_version(tmp_path):
+    """versions_per_instance 2: a new version loads while trajectories of the old one wait on a tool;
+    their later turns still run on the old version (kept hosted while they wait), new trajectories
+    run on the new one, and the old version's weights leave once its last trajectory ended."""
+    from dora.ops.generate import GenerateOp
+    from dora.ops.weights.versions import save_version
+    from op_context import op_context
+    from test_generate_multiturn import MODEL
+
+    op, events = GenerateOp(), []
+    op.setup(op_context("generate", GREEDY, node="gen", model=MODEL, seed=0, report=events.append,
+                        async_={"versions_per_instance": 2}))
+    torch.manual_seed(1)
+    path, _ = save_version({k: v + 0.01 * torch.randn_like(v) for k, v in op.engine.weights().items()}, str(tmp_path), 1)
+    op.process(prompts(LAST), "prompts")
+    ready, op.agent.runner.ready = op.agent.runner.ready, lambda timeout: []   # the tools take their time
+    rows = []
+    while op.engine.has_work():
+        rows += [r for b in op.poll() for r in b.to_pylist()]
+    assert op.agent.waiting                  # v0 has no request in the engine, only trajectories in a tool wait
+    assert op.load_version(1, path)["hosted"] == [0, 1]
+    op.agent.runner.ready = ready
+    op.process(prompts("tt").set_column(0, "uid", pa.array(["n0", "n1"])), "prompts")   # on the current version, 1
+    with pytest.raises(RuntimeError, match="all 2 weight slot"):
+        op.load_version(2, path)             # v0 (waiting on a tool) and v1 (running) fill both slots
+    rows += drain(op)
+    assert len(rows) == len(LAST) + 2 and max(r["turns"] for r in rows) == 3
+    for r in rows:
+        v = 1 if r["uid"].startswith("n") else 0
+        assert r["policy_version"] == v and set(r["token_versions"]) == {v}, r["uid"]
+    assert op.call("stats", {})["hosted"] == [1]
     op.teardown()

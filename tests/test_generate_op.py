@@ -93,7 +93,7 @@ def test_export_import_between_replicas_then_load_version(tmp_path):
         a.poll()
     state, frames = _through_msgpack(a.call("export", {"uids": ["u0", "u2"]}))
     assert len(frames) == 2 * 2 * 2    # 2 requests x 2 layers x (keys, values)
-    assert b.call("import_", {"state": state, "buffers": frames}) == {"imported": ["u0", "u2"]}
+    assert b.call("import_", {"state": state, "buffers": frames}) == {"imported": ["u0", "u2"], "hosted": [0]}
     got = pa.Table.from_batches(run(a) + run(b)).to_pylist()
     assert {r["uid"]: r["response_ids"] for r in got} == want
     assert {r["uid"] for r in got if r["uid"] in ("u0", "u2")} == {"u0", "u2"}

@@ -6,7 +6,14 @@ while long ones are still decoding. Every input column is passed through: the ro
 the request's meta (so it also survives export/import to another replica).
 
 Control methods (the rollout orchestrator drives these through the controller):
-    load_version(version, path)   weights file from the update op; only when idle / after interrupt_all
+    load_version(version, path)   weights file from the update op; makes it the current version.
+                                  A replica hosts up to max_versions versions (versions_per_replica:
+                                  async.versions_per_instance on the torch engine, 1 on vllm): with 1,
+                                  only when idle / after interrupt_all; with more, older versions'
+                                  requests stay and finish on their own weights (the caller keeps the
+                                  versions needed within max_versions). An older version's weights leave
+                                  when its last request here finishes or is exported. Replies carry
+                                  `hosted` (the versions whose weights are here after the call).
     export(uids) -> states        removes them here; wire-safe (msgpack dict + raw KV frames)
     import_(state, buffers)       resume states exported by a replica (KV reused at the same version)
     interrupt_all() -> states     export everything (partial rollout before a version switch)
@@ -21,8 +28,12 @@ With `weight_sync: broadcast` a WeightReceiver (dora/ops/weights/broadcast.py, r
 receives every version the trainer broadcasts into host memory; load_version then takes the
 version from memory (waiting up to BROADCAST_WAIT_S for it) and falls back to the file path
 otherwise. Torch engine only (vLLM loads files).
-Each poll that finishes requests reports {"kind": "finished", "uids": [...], "version": v} per
-dispatched version, so the orchestrator can track outstanding work.
+Each poll that finishes requests reports {"kind": "finished", "uids": [...], "version": v,
+"hosted": [...]} per dispatched version, so the orchestrator can track outstanding work and the
+versions still hosted here.
+C1 across turns: a trajectory waiting on a tool takes its next turn on its own version, so that
+version stays hosted while it waits (AgentLoop.waiting_versions -> Engine.keep_versions), and
+load_version refuses a version that would leave no room for it (always when max_versions is 1).
 max_turns > 1: multi-turn rollouts with tools (dora/ops/multiturn/agent_loop.py): a request is a
 trajectory of model turns and tool observations under one uid; the rows get the multi-turn columns
 and the `finished` event per-trajectory lists (agent_loop.event_fields).
@@ -60,13 +71,16 @@ class GenerateOp(Operator):
         super().setup(ctx)
         p = ctx.params
         # weights from the run seed (identical to the trainer's start); sampling differs per replica
+        self.max_versions = versions_per_replica(p, ctx.async_.versions_per_instance)
         self.engine, self.tokenizer = make_engine(p, ctx.model, device=ctx.device, model_seed=ctx.seed,
                                                   sample_seed=ctx.seed * 1000 + ctx.replica + 1,
                                                   run_dir=ctx.run_dir, label=ctx.label, devices=ctx.devices,
-                                                  memory=ctx.memory)
+                                                  memory=ctx.memory, max_versions=self.max_versions)
         self.stop_ids = stop_token_ids(p["stop"], self.tokenizer, ctx.label)
         self.sampling = {k: p[k] for k in ("temperature", "top_p", "top_k", "max_tokens")}
         self.agent = AgentLoop(self.engine, self.tokenizer, p, self.stop_ids) if p["max_turns"] > 1 else None
+        if self.agent is not None:
+            self.engine.keep_versions = self.agent.waiting_versions
         self.out_columns = OUTPUT_COLUMNS + (MULTITURN_COLUMNS if self.agent is not None else ())
         self.in_fields: dict[str, pa.Field] = {}   # pass-through columns seen so far, in order
         self.in_flight: set[str] = set()           # uids submitted or imported here, not yet finished or handed on
@@ -124,12 +138,13 @@ class GenerateOp(Operator):
         for c in done:
             by_version.setdefault(c.version, []).append(c)
         kv = self._kv_deltas() if self.agent is not None else {}
+        hosted = self.engine.hosted_versions()
         for v, cs in by_version.items():
             # distinct token versions and lengths ride along so the orchestrator can check C1
             # and count tokens without waiting for the row to reach the trainer
             event = {"kind": "finished", "uids": [c.uid for c in cs], "version": v,
                      "token_versions": [sorted(set(c.token_versions)) for c in cs],
-                     "response_tokens": [len(c.response_ids) for c in cs]}
+                     "response_tokens": [len(c.response_ids) for c in cs], "hosted": hosted}
             if self.agent is not None:
                 event.update(event_fields(cs), **kv)
                 kv = dict.fromkeys(kv, 0)   # (counted once per poll)
@@ -177,9 +192,13 @@ class GenerateOp(Operator):
 
     # ------------------------------------------------------------------ control
     def load_version(self, version: int, path: str) -> dict[str, Any]:
-        if self.agent is not None and self.agent.waiting:   # C1 across turns: the next turn would run on `version`
+        waiting = self.agent.waiting_versions() if self.agent is not None else set()
+        if waiting and (self.max_versions == 1 or len(waiting | {int(version)}) > self.max_versions):
+            # C1 across turns: their next turn must run on their version, which must stay hosted
             raise RuntimeError(f"{self.ctx.label}: load_version({version}) while {len(self.agent.waiting)} trajectories "
-                               "wait on a tool (their next turn must run on their version); export or interrupt them first")
+                               f"of versions {sorted(waiting)} wait on a tool and this replica hosts at most "
+                               f"{self.max_versions} version(s) (their next turn must run on their version); "
+                               "export or interrupt them first")
         t0 = time.perf_counter()
         source, weights = "file", path
         if self.receiver is not None:
@@ -189,7 +208,8 @@ class GenerateOp(Operator):
                 print(f"{self.ctx.label}: loading version {version} from {path}: {e}", file=sys.stderr, flush=True)
         self.engine.load_weights(int(version), weights)
         self.loads_by_source[source] += 1
-        return {"version": int(version), "seconds": time.perf_counter() - t0, "source": source}
+        return {"version": int(version), "seconds": time.perf_counter() - t0, "source": source,
+                "hosted": self.engine.hosted_versions()}
 
     def submit(self, buffers: list) -> dict[str, Any]:
         """Prompt rows as an Arrow IPC stream over the control channel. The orchestrator submits
@@ -210,14 +230,20 @@ class GenerateOp(Operator):
         states = (self.agent or self.engine).export(held)   # a multi-turn one may be waiting on a tool
         if self.agent is not None:
             self._report_waits()
-        return WithBuffers(*states_to_wire(states))   # KV as raw frames, never pickled
+        return self._states_reply(states)
+
+    def _states_reply(self, states: list) -> WithBuffers:
+        """Exported states (KV as raw frames, never pickled) and the versions still hosted here."""
+        value, frames = states_to_wire(states)
+        value["hosted"] = self.engine.hosted_versions()
+        return WithBuffers(value, frames)
 
     def interrupt_all(self):
         self.in_flight.clear()
         states = (self.agent or self.engine).interrupt_all()
         if self.agent is not None:
             self._report_waits()
-        return WithBuffers(*states_to_wire(states))
+        return self._states_reply(states)
 
     def import_(self, state: dict[str, Any], buffers: list | None = None) -> dict[str, Any]:
         states = states_from_wire(state, list(buffers or []))
@@ -225,7 +251,7 @@ class GenerateOp(Operator):
         self.in_flight.update(s.request.uid for s in states)
         if self.agent is not None:
             self._report_waits()
-        return {"imported": [s.request.uid for s in states]}
+        return {"imported": [s.request.uid for s in states], "hosted": self.engine.hosted_versions()}
 
     def abort(self, uids: list[str]) -> dict[str, Any]:
         aborted = [u for u in map(str, uids) if (self.agent.abort(u) if self.agent is not None
@@ -237,6 +263,7 @@ class GenerateOp(Operator):
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = self.engine.stats().to_dict()
+        out.update(hosted=self.engine.hosted_versions(), max_versions=self.max_versions)
         if self.agent is not None:   # trajectories whose tools are running (they hold no decode slot)
             out["tool_waiting"] = len(self.agent.waiting)
         return out
@@ -320,12 +347,20 @@ def stop_token_ids(stop: list[str], tokenizer, label: str) -> list[int]:
     return ids
 
 
+def versions_per_replica(params: dict[str, Any], versions_per_instance: int) -> int:
+    """Policy versions one replica of a generate node with these params hosts at once: the run's
+    async.versions_per_instance on the torch engine; 1 on vllm, which holds one set of weights (a
+    vllm pipeline runs under any versions_per_instance, its replicas hosting one version each)."""
+    return int(versions_per_instance) if params["engine"] == "torch" else 1
+
+
 def make_engine(params: dict[str, Any], model_cfg: dict[str, Any], *, device: str = "cpu", model_seed: int = 0,
                 sample_seed: int = 0, run_dir: str | None = None, label: str = "generate",
-                devices: int = 1, memory: float | None = None) -> tuple[Engine, Any]:
+                devices: int = 1, memory: float | None = None, max_versions: int = 1) -> tuple[Engine, Any]:
     """(engine, tokenizer) for the generate op's params and the pipeline's model section; `devices` > 1
     is a tensor-parallel group (vllm only: validation refuses it for the torch engine); `memory` the
-    replica's declared share of its device, which sizes the engine's KV pool."""
+    replica's declared share of its device, which sizes the engine's KV pool; `max_versions` the
+    versions it hosts at once (versions_per_replica)."""
     from dora.ops.models import load_policy
 
     if params["engine"] == "vllm":
@@ -336,4 +371,5 @@ def make_engine(params: dict[str, Any], model_cfg: dict[str, Any], *, device: st
     from dora.ops.engines.torch_engine import TorchEngine
     model, tok = load_policy(model_cfg, "cpu", seed=model_seed)   # the engine copies the weights onto `device`
     return TorchEngine(model, version=0, max_batch=params["max_batch"], seed=sample_seed, device=device,
-                       dtype=params["dtype"], kv_cache_gb=params["kv_cache_gb"], memory_fraction=memory), tok
+                       dtype=params["dtype"], kv_cache_gb=params["kv_cache_gb"], memory_fraction=memory,
+                       max_versions=max_versions), tok

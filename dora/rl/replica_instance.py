@@ -1,6 +1,14 @@
 """A generate replica as the rollout control code sees it (a RolloutInstance): every method is a
 control call to the replica's generate op, through the run controller. `driver` is the RLDriver
-that owns it: its controller, clock, trace, the published weights and the prompt feed."""
+that owns it: its controller, clock, trace, the published weights and the prompt feed.
+
+Versions (dora/rl/rollout/types.py): the replica hosts up to `max_versions` at once
+(dora.ops.generate.versions_per_replica: async.versions_per_instance on the torch engine, 1 on
+vllm). `version` is the current one; `hosted` the versions whose weights the replica reported at
+its last reply (load_version, import_, stats): the current one and older ones with requests
+there. An older version leaves the replica when its last request there finishes or is exported;
+the replica's `finished` events carry `hosted` too (the control code may refresh from them with
+`saw_hosted`)."""
 
 from __future__ import annotations
 
@@ -18,10 +26,12 @@ CALL_TIMEOUT_S = 120.0   # a weight load of a small model on a busy 2-core machi
 class ReplicaInstance:
     """One generate replica seen by the rollout control code: every method is a control call."""
 
-    def __init__(self, driver, node: str, replica: int, slots: int):
+    def __init__(self, driver, node: str, replica: int, slots: int, max_versions: int = 1):
         self.driver, self.node, self.replica, self.slots = driver, node, replica, slots
+        self.max_versions = max_versions
         self.name = f"{node}[{replica}]"
         self.version: int | None = 0    # every replica starts from the same seeded version-0 weights
+        self.hosted: tuple[int, ...] = (0,)
 
     def _call(self, method: str, args: dict[str, Any], buffers: list[Any] = ()) -> Any:
         """A control call; None if the replica died first. The control code then goes on as if the call
@@ -32,16 +42,23 @@ class ReplicaInstance:
             return None
 
     def load_version(self, v: int) -> None:
+        """With max_versions > 1 older versions' requests stay and finish on their own weights."""
         if v == self.version:
             return
         path = self.driver.weight_paths[v]
         clock = self.driver.clock
         t0 = clock.now()
-        self._call("load_version", {"version": v, "path": path})
+        got = self._call("load_version", {"version": v, "path": path})
         self.driver.trace.span("rollout", self.name, "load_weights", t0, clock.now(),
                                version=v)
         self.driver.weight_loads += 1
         self.version = v
+        self.saw_hosted(got)
+
+    def saw_hosted(self, reply: Any) -> None:
+        """Take the hosted versions a reply or `finished` event of the replica reports."""
+        if isinstance(reply, dict) and reply.get("hosted") is not None:
+            self.hosted = tuple(int(v) for v in reply["hosted"])
 
     def sleep(self) -> int:
         """Hand the device's memory back (the engine's KV and weights; nothing may be in flight here):
@@ -49,7 +66,7 @@ class ReplicaInstance:
         clock = self.driver.clock
         t0 = clock.now()
         got = self._call("sleep", {}) or {}
-        self.version = None
+        self.version, self.hosted = None, ()
         self.driver.trace.span("rollout", self.name, "sleep", t0, clock.now(), bytes=got.get("bytes"))
         return int(got.get("bytes") or 0)
 
@@ -80,6 +97,7 @@ class ReplicaInstance:
         """Engine states (dora.ops.engines.engine.states_to_wire) as the control code's RequestStates;
         each keeps its own wire dict and raw KV frames as payload, ready for import elsewhere."""
         value, buffers = (result.value, list(result.buffers)) if isinstance(result, WithBuffers) else (result or {}, [])
+        self.saw_hosted(value)
         out, at = [], 0
         for d, count in zip(value.get("states", []), value.get("frame_counts", [])):
             frames = buffers[at:at + count]
@@ -101,15 +119,18 @@ class ReplicaInstance:
         return self._states(self._call("interrupt_all", {}))
 
     def import_(self, states: list[RequestState]) -> None:
+        """Each state's version is the current one or one hosted here (it then resumes on that
+        version, its KV reused); a state of a version not hosted here resumes on the current one."""
         if not states:
             return
         wire_states = [st.payload[0] for st in states]
         frames = [f for st in states for f in st.payload[1]]
         counts = [len(st.payload[1]) for st in states]
-        self._call("import_", {"state": {"states": wire_states, "frame_counts": counts}}, buffers=frames)
+        self.saw_hosted(self._call("import_", {"state": {"states": wire_states, "frame_counts": counts}}, buffers=frames))
 
     def stats(self) -> InstanceStats:
         s = self._call("stats", {}) or {}
+        self.saw_hosted(s)
         cap = max(1, int(s.get("kv_tokens_capacity") or 0))
         return InstanceStats(active=int(s.get("active", 0)), queued=int(s.get("queued", 0)), slots=self.slots,
                              kv_used_fraction=float(s.get("kv_tokens_used", 0)) / cap,

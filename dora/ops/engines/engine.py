@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import torch
@@ -110,9 +110,10 @@ class EngineStats:
 
 class Engine(abc.ABC):
     """One generation engine holding one policy version at a time (the torch engine: up to
-    max_versions, each request running on its own)."""
+    max_versions, each request running on its own; paged/weight_slots.py)."""
 
-    version: int
+    version: int                     # the newest version: requests of a version not hosted run on it
+    max_versions: int = 1            # versions hosted at once (an engine with one set of weights: 1)
 
     @abc.abstractmethod
     def submit(self, req: SamplingRequest) -> None: ...
@@ -141,7 +142,19 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def load_weights(self, version: int, weights: dict[str, torch.Tensor] | str) -> None:
         """Switch to `version` (a state dict or a safetensors path). Only when idle (an engine with
-        several weight slots: into a slot none of whose requests is in flight)."""
+        several weight slots: into a slot none of whose requests is in flight, the older versions'
+        requests decoding on)."""
+
+    def hosted_versions(self) -> list[int]:
+        """The versions whose weights are here now: the newest, and older ones with requests here
+        (or held by keep_versions). An older version leaves when its last request leaves."""
+        return [self.version]
+
+    def keep_versions(self) -> Iterable[int]:
+        """Versions the engine's owner still needs hosted though no request of theirs is in the
+        engine (the generate op: multi-turn trajectories waiting on a tool, whose next turn runs on
+        their version). The owner replaces this with its own callable."""
+        return ()
 
     @abc.abstractmethod
     def stats(self) -> EngineStats: ...

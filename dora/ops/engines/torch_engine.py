@@ -22,7 +22,7 @@ from .paged.model_spec import spec_of
 from .paged.runner import ModelRunner
 from .paged.scheduler import Scheduler
 from .paged.sequence import Seq
-from .paged.weight_slots import route, slot_to_load
+from .paged.weight_slots import WeightSlots
 from .sampling import SamplePlan, sample, sampling_tensors
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -37,11 +37,13 @@ class TorchEngine(Engine):
         """model: a transformers llama/qwen2 causal LM whose weights (and config) the engine copies.
         memory_fraction: this replica's share of its device's memory, which the KV pool is sized from
         when kv_cache_gb is None (None: 0.9 on CUDA; on CPU room for max_batch requests); see
-        paged/kv_budget.py. attention: 'triton' (the paged kernel; default on CUDA) or 'torch' (default elsewhere)."""
+        paged/kv_budget.py. max_versions: policy versions hosted at once (paged/weight_slots.py); the
+        derived KV budget leaves room for that many weight copies. attention: 'triton' (the paged
+        kernel; default on CUDA) or 'torch' (default elsewhere)."""
         self.spec = spec_of(model.config)
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype or next(model.parameters()).dtype
-        self.max_batch, self.max_versions = int(max_batch), int(max_versions)
+        self.max_batch = int(max_batch)
         self.max_seq_len = int(max_seq_len or self.spec.max_positions)
         self.block_size = int(block_size)
         self.eos_ids = frozenset(_default_eos(model) if eos_ids is None else eos_ids)
@@ -50,11 +52,13 @@ class TorchEngine(Engine):
                                   attention=attention)
         W.load_into(self.runner.new_slot().model, model.state_dict())
         self.runner.slots[0].version = self.version = int(version)
-        self.latest = 0                  # the slot of the newest version
+        self.slots = WeightSlots(self.runner, max_versions, release_memory=self.device.type != "cuda")
+        self.max_versions = self.slots.max_versions
         self.budget = budget_blocks(self.spec, block_size=self.block_size, dtype=self.dtype, device=self.device,
                                     max_batch=self.max_batch, max_seq_len=self.max_seq_len, kv_cache_gb=kv_cache_gb,
                                     memory_fraction=memory_fraction, weight_bytes=self.weight_bytes(),
-                                    workspace=self.runner.workspace_bytes(max_prefill_tokens))
+                                    workspace=self.runner.workspace_bytes(max_prefill_tokens),
+                                    weight_copies=self.max_versions)
         self.sched = Scheduler(BlockPool(2, self.block_size), max_batch=self.max_batch,
                                max_prefill_tokens=int(max_prefill_tokens), version_of=lambda i: self.runner.slots[i].version,
                                grow=self._grow, write_kv=self._write_kv)
@@ -69,7 +73,7 @@ class TorchEngine(Engine):
         self._check_awake("submit")
         req.validate()
         self._check_new(req.uid, req.prompt_ids, 1)
-        seq = Seq(req, stops=self.eos_ids | frozenset(req.stop_ids), slot=route(self.runner.slots, req.version, self.latest))
+        seq = Seq(req, stops=self.eos_ids | frozenset(req.stop_ids), slot=self.slots.route(req.version))
         parked = self.sched.parked.get(req.continues) if req.continues is not None else None
         if parked is not None and seq.tokens[:len(parked.tokens)] != parked.tokens:
             raise ValueError(f"torch engine: request {req.uid!r} continues {req.continues!r} but its prompt_ids do "
@@ -90,7 +94,7 @@ class TorchEngine(Engine):
         for st in states:
             st.request.validate()
             self._check_new(st.request.uid, st.request.prompt_ids, len(st.response_ids))
-            slot = route(self.runner.slots, st.kv_version if st.kv is not None else st.request.version, self.latest)
+            slot = self.slots.route(st.kv_version if st.kv is not None else st.request.version)
             seq = Seq(st.request, stops=self.eos_ids | frozenset(st.request.stop_ids), response=list(st.response_ids),
                       logprobs=list(st.logprobs), versions=list(st.token_versions), slot=slot)
             if st.kv is not None and st.kv_version == self.runner.slots[slot].version:
@@ -117,12 +121,13 @@ class TorchEngine(Engine):
         sched.prefilled(chunks)          # (bookkeeping: the forward below computes what it records)
         if sched.running:
             sched.reserve_decode()
-        groups = self._by_slot(sched.running, lambda s: s.slot)
+        slots = len(self.runner.slots)
+        groups = _by_slot(sched.running, lambda s: s.slot, slots)
         order = [seq for seqs in groups.values() for seq in seqs]
         reqs = [s.req for s in order]
         temps, top_ps, top_ks = [r.temperature for r in reqs], [r.top_p for r in reqs], [r.top_k for r in reqs]
         params = sampling_tensors(temps, top_ps, top_ks, self.device) if order else None   # copied while the GPU idles
-        for slot, part in self._by_slot(chunks, lambda c: c[0].slot).items():
+        for slot, part in _by_slot(chunks, lambda c: c[0].slot, slots).items():
             self.runner.prefill(self.runner.slots[slot], part)
         if not order:
             return []
@@ -151,15 +156,9 @@ class TorchEngine(Engine):
                 done.append(seq.completion(seq.finish_reason(max_len)))
         self.sched.finish(finished)
         self.generated_tokens += len(order)
+        if finished:
+            self._retire()
         return done
-
-    def _by_slot(self, items: list, slot_of) -> dict[int, list]:
-        if len(self.runner.slots) == 1:
-            return {0: items} if items else {}
-        groups: dict[int, list] = {}
-        for item in items:
-            groups.setdefault(slot_of(item), []).append(item)
-        return groups
 
     # ------------------------------------------------------------------ requests out
     def abort(self, uid: str) -> Completion | None:
@@ -167,6 +166,7 @@ class TorchEngine(Engine):
         if seq is None:
             return None
         self.sched.remove(seq)
+        self._retire()
         return seq.completion("abort")
 
     def export(self, uids: list[str]) -> list[SequenceState]:
@@ -182,13 +182,16 @@ class TorchEngine(Engine):
                 self.runner.kv.read(seq.blocks, seq.computed) if seq.computed else None)
             states.append(seq.state(kv, self.runner.slots[seq.slot].version))
             self.sched.remove(seq)
+        self._retire()
         return states
 
     def interrupt_all(self) -> list[SequenceState]:
         return self.export([s.uid for s in self.sched.in_flight()])
 
     def release(self, uid: str) -> bool:
-        return self.sched.release(uid)
+        released = self.sched.release(uid)
+        self._retire()
+        return released
 
     def has_work(self) -> bool:
         return bool(self.sched.waiting or self.sched.running or self.sched.prefilling)
@@ -197,14 +200,17 @@ class TorchEngine(Engine):
     def load_weights(self, version: int, weights: dict[str, torch.Tensor] | str) -> None:
         if self.asleep:
             raise RuntimeError(f"torch engine: load_weights(version={version}) while asleep; wake() first")
-        busy = {s.slot for s in self.sched.in_flight()}
-        counts = f"{self.sched.active} running and {len(self.sched.waiting)} queued requests"
-        index = slot_to_load(self.runner, busy, self.max_versions, counts=counts)
-        slot = self.runner.slots[index]
-        slot.version = None                # (a failed load leaves the slot holding no version)
-        W.load_into(slot.model, weights)   # in place: the slot's captured graphs stay valid
-        slot.version, self.version, self.latest = int(version), int(version), index
-        self.needs_weights = False
+        self.slots.load(int(version), weights, self.sched, self.keep_versions())
+        self.version, self.needs_weights = int(version), False
+        self._retire()                     # the previous version, if nothing of it is left here
+
+    def hosted_versions(self) -> list[int]:
+        self._retire()
+        return self.slots.hosted()
+
+    def _retire(self) -> None:
+        """An older version whose last request here left goes (paged/weight_slots.py)."""
+        self.slots.retire_idle(self.sched, self.keep_versions())
 
     def sleep(self) -> int:
         """Release the weights and the KV cache (on CUDA the captured graphs and the allocator's
@@ -217,10 +223,7 @@ class TorchEngine(Engine):
         while self.sched.parked:
             self.sched.drop_oldest_parked()
         self.runner.drop_graphs()
-        del self.runner.slots[1:]
-        self.latest = 0
-        freed = W.release(self.runner.slots[0].model) + self.runner.kv.release()
-        self.runner.slots[0].version = None
+        freed = self.slots.release_all() + self.runner.kv.release()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.asleep = True
@@ -251,11 +254,11 @@ class TorchEngine(Engine):
         return True
 
     def weight_bytes(self) -> int:
-        return sum(W.weight_bytes(s.model) for s in self.runner.slots)
+        return self.slots.weight_bytes()
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The newest version's weights under transformers' names (views)."""
-        return W.hf_views(self.runner.slots[self.latest].model)
+        return W.hf_views(self.runner.slots[self.slots.latest].model)
 
     def _check_awake(self, what: str) -> None:
         if self.asleep or self.needs_weights:
@@ -269,15 +272,17 @@ class TorchEngine(Engine):
         self.generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
 
     def stats(self) -> EngineStats:
-        s, pool = self.sched, self.sched.pool
-        held = s.running + s.prefilling + list(s.parked.values())
-        return EngineStats(
-            active=s.active, queued=len(s.waiting), kv_tokens_used=sum(q.computed for q in held),
-            kv_tokens_capacity=self.budget * self.block_size, version=self.version, reprefill_tokens=s.reprefill_tokens,
-            generated_tokens=self.generated_tokens, prefill_tokens=s.prefill_tokens, prefix_hit_tokens=s.prefix_hit_tokens,
-            kv_blocks_used=pool.used_count, kv_blocks_free=self.budget - pool.used_count, parked_requests=len(s.parked),
-            parked_blocks=s.parked_blocks(), parked_dropped=s.parked_dropped, preempted=s.preempted,
-            continuation_reprefill_tokens=s.continuation_reprefill_tokens)
+        return self.sched.stats(budget=self.budget, version=self.version, generated_tokens=self.generated_tokens)
+
+
+def _by_slot(items: list, slot_of, slots: int) -> dict[int, list]:
+    """Items grouped by weight slot (one group per hosted version with work), in order."""
+    if slots == 1:
+        return {0: items} if items else {}
+    groups: dict[int, list] = {}
+    for item in items:
+        groups.setdefault(slot_of(item), []).append(item)
+    return groups
 
 
 def _default_eos(model: torch.nn.Module) -> list[int]:

@@ -16,6 +16,10 @@ What maps to what:
                          prefix cache is reset
   export / import_    -> no KV leaves vLLM: export aborts the request and returns its tokens;
                          import re-prefills prompt + response so far (counted in reprefill_tokens)
+  versions hosted     -> one (max_versions = 1): vLLM holds one set of weights, so a replica on
+                         this engine loads a version only when idle, whatever
+                         async.versions_per_instance says (the generate op reports its
+                         max_versions, and the control code packs old versions elsewhere)
 """
 
 from __future__ import annotations
@@ -76,6 +80,8 @@ class _Seq:
 
 
 class VllmEngine(Engine):
+    max_versions = 1   # one set of weights (see the module docstring)
+
     def __init__(self, model_dir: str, *, version: int = 0, max_batch: int = 64, seed: int = 0,
                  eos_ids: list[int] | None = None, max_model_len: int | None = None, kv_space_gib: int = 1,
                  dtype: str = "float32", start_timeout_s: float = 600, call_timeout_s: float = 300,

@@ -85,6 +85,11 @@ class AgentLoop:
     def has_work(self) -> bool:
         return bool(self.waiting or self.finished)
 
+    def waiting_versions(self) -> set[int]:
+        """Versions of the trajectories waiting on a tool: their next turn runs on that version, so
+        the engine keeps it hosted (Engine.keep_versions)."""
+        return {w.version for w in self.waiting.values()}
+
     def _on_turn(self, c: Completion) -> list[Completion]:
         row, traj = c.meta["row"], Trajectory.from_dict(c.meta["traj"])
         traj.add_model_turn(c.response_ids, c.logprobs, c.token_versions)

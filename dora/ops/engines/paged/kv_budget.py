@@ -3,11 +3,12 @@
 - `kv_cache_gb` given: that many GiB of KV, on any device.
 - CUDA, not given: `memory_fraction` of the device's total memory (the replica's declared memory
   share when it shares the device, dora/graph/device_shares.py; else 0.9), less what this process
-  holds (the weights) and the measured workspace (activations of the largest prefill chunk and
+  holds (the weights), room for the further weight copies of the versions it may host at once
+  (`weight_copies` - 1), and the measured workspace (activations of the largest prefill chunk and
   decode batch), and never more than is free now (another process, e.g. a trainer, may hold the rest).
 - CPU, not given: enough for max_batch requests of max_seq_len tokens (allocated as used: the
   tensor starts small and doubles); with a declared share, also at most that share of the host's
-  memory less the weights and the workspace.
+  memory less the weights (`weight_copies` of them) and the workspace.
 A budget that cannot hold one request of max_seq_len tokens is refused at start-up, with the numbers.
 """
 
@@ -40,10 +41,12 @@ def host_memory() -> int:
 
 def budget_blocks(spec: ModelSpec, *, block_size: int, dtype: torch.dtype, device: torch.device, max_batch: int,
                   max_seq_len: int, kv_cache_gb: float | None, memory_fraction: float | None, workspace: int,
-                  weight_bytes: int = 0) -> int:
+                  weight_bytes: int = 0, weight_copies: int = 1) -> int:
     """Usable blocks (the reserved trash block not included); ValueError with the numbers when too few.
     `memory_fraction`: the replica's share of its device (None: CUDA_FRACTION on CUDA, no cap on CPU);
-    `weight_bytes`: what the engine's weights hold (on CUDA the allocator says it)."""
+    `weight_bytes`: what one copy of the engine's weights holds (on CUDA the allocator says what is
+    held now); `weight_copies`: the versions hosted at once (each a copy of the weights)."""
+    more_weights = (weight_copies - 1) * weight_bytes
     per_block = bytes_per_block(spec, block_size, dtype)
     per_request = -(-max_seq_len // block_size)
     if memory_fraction is not None and not 0 < memory_fraction <= 1:
@@ -55,17 +58,19 @@ def budget_blocks(spec: ModelSpec, *, block_size: int, dtype: torch.dtype, devic
     elif device.type == "cuda":
         fraction = CUDA_FRACTION if memory_fraction is None else memory_fraction
         free, total = torch.cuda.mem_get_info(device)
-        held = torch.cuda.memory_allocated(device)
-        budget = share_bytes(total=total, fraction=fraction, held=held, workspace=workspace, free=free)
+        held = torch.cuda.memory_allocated(device) + more_weights
+        budget = share_bytes(total=total, fraction=fraction, held=held, workspace=workspace, free=free - more_weights)
         source = (f"{'memory share ' if memory_fraction is not None else ''}{fraction:.2f} of {total / GiB:.1f} GiB, "
-                  f"less {held / GiB:.2f} GiB held and {workspace / GiB:.2f} GiB workspace ({free / GiB:.1f} GiB free)")
+                  f"less {held / GiB:.2f} GiB held or kept for {weight_copies} weight copies and {workspace / GiB:.2f} "
+                  f"GiB workspace ({free / GiB:.1f} GiB free)")
     elif memory_fraction is None:
         return max_batch * per_request
     else:
         total = host_memory()
-        budget = share_bytes(total=total, fraction=memory_fraction, held=weight_bytes, workspace=workspace)
-        source = (f"memory share {memory_fraction:.2f} of the host's {total / GiB:.1f} GiB, less {weight_bytes / GiB:.2f} "
-                  f"GiB of weights and {workspace / GiB:.2f} GiB workspace")
+        budget = share_bytes(total=total, fraction=memory_fraction, held=weight_bytes + more_weights, workspace=workspace)
+        source = (f"memory share {memory_fraction:.2f} of the host's {total / GiB:.1f} GiB, less "
+                  f"{(weight_bytes + more_weights) / GiB:.2f} GiB of weights ({weight_copies} copies) and "
+                  f"{workspace / GiB:.2f} GiB workspace")
         if budget // per_block >= per_request:
             return int(min(max_batch * per_request, budget // per_block))
     blocks = max(0, budget) // per_block

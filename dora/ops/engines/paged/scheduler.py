@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 from typing import Callable
 
+from ..engine import EngineStats
 from .blocks import BlockPool, chain_hash, version_seed
 from .sequence import Seq
 
@@ -216,5 +217,21 @@ class Scheduler:
             self.pool.release(seq.blocks)
         return seq is not None
 
+    def release_parked_on(self, slot: int) -> None:
+        """Release the parked KV computed by `slot`'s weights (that version left the engine)."""
+        for uid in [u for u, s in self.parked.items() if s.slot == slot]:
+            self.pool.release(self.parked.pop(uid).blocks)
+
     def parked_blocks(self) -> int:
         return sum(len(s.blocks) for s in self.parked.values())
+
+    def stats(self, *, budget: int, version: int, generated_tokens: int) -> EngineStats:
+        """The engine's stats: these counters, a KV budget of `budget` blocks."""
+        pool, held = self.pool, self.running + self.prefilling + list(self.parked.values())
+        return EngineStats(
+            active=self.active, queued=len(self.waiting), kv_tokens_used=sum(q.computed for q in held),
+            kv_tokens_capacity=budget * self.bs, version=version, reprefill_tokens=self.reprefill_tokens,
+            generated_tokens=generated_tokens, prefill_tokens=self.prefill_tokens, prefix_hit_tokens=self.prefix_hit_tokens,
+            kv_blocks_used=pool.used_count, kv_blocks_free=budget - pool.used_count, parked_requests=len(self.parked),
+            parked_blocks=self.parked_blocks(), parked_dropped=self.parked_dropped, preempted=self.preempted,
+            continuation_reprefill_tokens=self.continuation_reprefill_tokens)
