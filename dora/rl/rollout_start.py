@@ -6,6 +6,7 @@ the trainer's devices."""
 
 from __future__ import annotations
 
+from dora.ops.generate import versions_per_replica
 from dora.rl.elastic_lending import ElasticLending
 from dora.rl.replica_instance import ReplicaInstance
 from dora.rl.rollout import RolloutController
@@ -16,13 +17,14 @@ def start_rollout(d) -> RolloutController:
     """RLDriver `d`'s rollout controller, started (version d.initial_version loaded, first dispatch)."""
     gen = d.graph.nodes[d.roles.generate]
     slots = d.params[d.roles.generate]["max_batch"]
-    instances = d.reused_instances or [ReplicaInstance(d, gen.name, r, slots) for r in range(gen.replicas)]
+    hosts = versions_per_replica(d.params[d.roles.generate], d.cfg.versions_per_instance)
+    instances = d.reused_instances or [ReplicaInstance(d, gen.name, r, slots, hosts) for r in range(gen.replicas)]
     rc = RolloutController(d.cfg, instances, d.prompts.take, d.clock, trace=d.trace, initial_version=d.initial_version)
     rc.restore_finished(d.restored_finished)
     d.rc = rc   # (before start: the events its calls deliver find it)
     rc.start()
     spares = [r.replica for r in d.ctrl.plan.of(gen.name) if r.spare]
     if spares:
-        d.elastic = ElasticLending(d, [ReplicaInstance(d, gen.name, r, slots) for r in spares])
+        d.elastic = ElasticLending(d, [ReplicaInstance(d, gen.name, r, slots, hosts) for r in spares])
     d.shared = shared_devices(d, instances)
     return rc
