@@ -64,6 +64,16 @@ def wait_for_steps(p: subprocess.Popen, out: Path, n: int = 1, timeout: float = 
     raise AssertionError(f"no {n} step(s) within {timeout} s")
 
 
+def finish(p: subprocess.Popen, timeout: float) -> int:
+    """The run's exit code; a run still going after `timeout` is killed and fails the test with what
+    it printed (a hang once seen in 1 of 20 chaos passes left nothing to read)."""
+    try:
+        return p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise AssertionError(f"run still going after {timeout} s; its output:\n{p.communicate()[0][-20000:]}")
+
+
 def wait_gone(pids: list[int], timeout: float = 20) -> list[int]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(alive(p) for p in pids):
@@ -202,7 +212,7 @@ def test_sync_run_killed_and_resumed_equals_the_uninterrupted_run(tmp_path):
     pinned = ["nodes.rollout.replicas=1", "run.save_every=3"]
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     p = start(whole, *pinned, steps=6)
-    assert p.wait(timeout=600) == 0, p.stdout.read()
+    assert finish(p, 600) == 0, p.stdout.read()
     p = start(broken, *pinned, steps=6)
     wait_for_steps(p, broken, 4)
     p.kill()
@@ -282,7 +292,7 @@ def test_random_sigkills_of_generate_replicas_keep_the_ledger_exact(tmp_path):
             deadline = time.monotonic() + 120   # the next kill waits for this respawn
             while time.monotonic() < deadline and len(_workers_of(p.pid, "rollout")) < 2 and p.poll() is None:
                 time.sleep(0.2)
-    assert p.wait(timeout=600) == 0, p.stdout.read()
+    assert finish(p, 600) == 0, p.stdout.read()
     summary = _audit_exact(out, 20, 16, 2)
     assert summary["accounting"]["respawns"] == len(killed) == 2
 
@@ -363,7 +373,7 @@ def test_sigkilled_elastic_spare_is_respawned_and_the_ledger_stays_exact(tmp_pat
             if lines and json.loads(lines[-1])["respawns"] >= killed:
                 break
             time.sleep(0.2)
-    assert p.wait(timeout=600) == 0, p.stdout.read()
+    assert finish(p, 600) == 0, p.stdout.read()
     summary = _audit_exact(out, steps, 16, 2)
     assert summary["accounting"]["respawns"] == killed == 2
     assert summary["elastic"]["lends"] > 0 and summary["elastic"]["reclaims"] > 0
