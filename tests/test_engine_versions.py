@@ -86,7 +86,7 @@ def test_the_kv_budget_leaves_room_for_every_hosted_weight_copy_and_vllm_hosts_o
     from dora.ops.engines.paged.kv_budget import GiB, budget_blocks, host_memory
     from dora.ops.engines.paged.kv_cache import bytes_per_block
     from dora.ops.engines.paged.model_spec import spec_of
-    from dora.ops.generate import versions_per_replica
+    from dora.ops.engines.vllm_engine import VllmEngine
 
     spec = spec_of(tiny_llama().config)
     weights = 3 * GiB
@@ -95,4 +95,4 @@ def test_the_kv_budget_leaves_room_for_every_hosted_weight_copy_and_vllm_hosts_o
                   max_seq_len=512, kv_cache_gb=None, memory_fraction=share, workspace=0, weight_bytes=weights)
     one, two = budget_blocks(spec, **common), budget_blocks(spec, weight_copies=2, **common)
     assert one - two == pytest.approx(weights / bytes_per_block(spec, 16, torch.float32), abs=1)
-    assert versions_per_replica({"engine": "torch"}, 2) == 2 and versions_per_replica({"engine": "vllm"}, 2) == 1
+    assert TorchEngine(tiny_llama(), max_versions=2).max_versions == 2 and VllmEngine.max_versions == 1

@@ -7,8 +7,8 @@ the request's meta (so it also survives export/import to another replica).
 
 Control methods (the rollout orchestrator drives these through the controller):
     load_version(version, path)   weights file from the update op; makes it the current version.
-                                  A replica hosts up to max_versions versions (versions_per_replica:
-                                  async.versions_per_instance on the torch engine, 1 on vllm): with 1,
+                                  A replica hosts up to its engine's max_versions versions (the run's
+                                  async.versions_per_instance, which resolve makes 1 on vllm): with 1,
                                   only when idle / after interrupt_all; with more, older versions'
                                   requests stay and finish on their own weights (the caller keeps the
                                   versions needed within max_versions). An older version's weights leave
@@ -71,11 +71,11 @@ class GenerateOp(Operator):
         super().setup(ctx)
         p = ctx.params
         # weights from the run seed (identical to the trainer's start); sampling differs per replica
-        self.max_versions = versions_per_replica(p, ctx.async_.versions_per_instance)
         self.engine, self.tokenizer = make_engine(p, ctx.model, device=ctx.device, model_seed=ctx.seed,
                                                   sample_seed=ctx.seed * 1000 + ctx.replica + 1,
                                                   run_dir=ctx.run_dir, label=ctx.label, devices=ctx.devices,
-                                                  memory=ctx.memory, max_versions=self.max_versions)
+                                                  memory=ctx.memory, max_versions=ctx.async_.versions_per_instance)
+        self.max_versions = self.engine.max_versions     # vllm: 1, whatever the run asks
         self.stop_ids = stop_token_ids(p["stop"], self.tokenizer, ctx.label)
         self.sampling = {k: p[k] for k in ("temperature", "top_p", "top_k", "max_tokens")}
         self.agent = AgentLoop(self.engine, self.tokenizer, p, self.stop_ids) if p["max_turns"] > 1 else None
@@ -347,20 +347,13 @@ def stop_token_ids(stop: list[str], tokenizer, label: str) -> list[int]:
     return ids
 
 
-def versions_per_replica(params: dict[str, Any], versions_per_instance: int) -> int:
-    """Policy versions one replica of a generate node with these params hosts at once: the run's
-    async.versions_per_instance on the torch engine; 1 on vllm, which holds one set of weights (a
-    vllm pipeline runs under any versions_per_instance, its replicas hosting one version each)."""
-    return int(versions_per_instance) if params["engine"] == "torch" else 1
-
-
 def make_engine(params: dict[str, Any], model_cfg: dict[str, Any], *, device: str = "cpu", model_seed: int = 0,
                 sample_seed: int = 0, run_dir: str | None = None, label: str = "generate",
                 devices: int = 1, memory: float | None = None, max_versions: int = 1) -> tuple[Engine, Any]:
     """(engine, tokenizer) for the generate op's params and the pipeline's model section; `devices` > 1
     is a tensor-parallel group (vllm only: validation refuses it for the torch engine); `memory` the
     replica's declared share of its device, which sizes the engine's KV pool; `max_versions` the
-    versions it hosts at once (versions_per_replica)."""
+    versions the torch engine hosts at once (vllm holds one set of weights)."""
     from dora.ops.models import load_policy
 
     if params["engine"] == "vllm":

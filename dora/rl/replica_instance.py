@@ -2,9 +2,8 @@
 control call to the replica's generate op, through the run controller. `driver` is the RLDriver
 that owns it: its controller, clock, trace, the published weights and the prompt feed.
 
-Versions (dora/rl/rollout/types.py): the replica hosts up to `max_versions` at once
-(dora.ops.generate.versions_per_replica: async.versions_per_instance on the torch engine, 1 on
-vllm). `version` is the current one; `hosted` the versions whose weights the replica reported at
+Versions (dora/rl/rollout/types.py): the replica hosts up to `max_versions` at once (the run's
+async.versions_per_instance, which dora.graph.resolve makes 1 where an engine hosts one version). `version` is the current one; `hosted` the versions whose weights the replica reported at
 its last reply (load_version, import_, stats): the current one and older ones with requests
 there. An older version leaves the replica when its last request there finishes or is exported;
 the replica's `finished` events carry `hosted` too (the control code may refresh from them with

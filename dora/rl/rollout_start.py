@@ -6,7 +6,6 @@ the trainer's devices."""
 
 from __future__ import annotations
 
-from dora.ops.generate import versions_per_replica
 from dora.rl.elastic_lending import ElasticLending
 from dora.rl.replica_instance import ReplicaInstance
 from dora.rl.rollout import RolloutController
@@ -17,7 +16,7 @@ def start_rollout(d) -> RolloutController:
     """RLDriver `d`'s rollout controller, started (version d.initial_version loaded, first dispatch)."""
     gen = d.graph.nodes[d.roles.generate]
     slots = d.params[d.roles.generate]["max_batch"]
-    hosts = versions_per_replica(d.params[d.roles.generate], d.cfg.versions_per_instance)
+    hosts = d.cfg.versions_per_instance   # the run's M (resolve makes it 1 where an engine hosts one version)
     instances = d.reused_instances or [ReplicaInstance(d, gen.name, r, slots, hosts) for r in range(gen.replicas)]
     rc = RolloutController(d.cfg, instances, d.prompts.take, d.clock, trace=d.trace, initial_version=d.initial_version)
     rc.restore_finished(d.restored_finished)

@@ -46,14 +46,17 @@ class HostedVersions:
         self.present[version] += 1
 
     def leave(self, version: int) -> None:
-        self.present[version] -= 1
-        if not self.present[version]:
-            del self.present[version]
+        _drop(self.present, version)
 
     def start(self, version: int) -> None:
         self.running[version] += 1
 
     def stop(self, version: int) -> None:
-        self.running[version] -= 1
-        if not self.running[version]:
-            del self.running[version]
+        _drop(self.running, version)
+
+
+def _drop(counts: collections.Counter[int], version: int) -> None:
+    """One request of `version` less; a version with none left is no longer counted at all."""
+    counts[version] -= 1
+    if not counts[version]:
+        del counts[version]
