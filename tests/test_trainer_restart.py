@@ -20,9 +20,10 @@ from tests.test_run_lifecycle import DORA, _audit_exact, _ledger, _replica_pid, 
 @pytest.mark.chaos
 def test_sigkilled_trainer_rank_restarts_from_its_checkpoint_and_the_run_tells_one_lineage(tmp_path):
     """dora mode, a trainer of 2 ranks: its leader SIGKILLed after step 3 (checkpoints every 2 steps).
-    The run finishes all 6 steps by itself; the steps after the checkpoint are rolled back, every uid
+    The run finishes all 10 steps by itself; the steps after the checkpoint are rolled back, every uid
     is trained once, each step is in metrics.jsonl once, and what the restart dropped is accounted."""
-    out, steps = tmp_path / "run", 6
+    # 10 steps: a 6-step run (~8 s) could finish its last step before the kill landed (1 in 4 runs)
+    out, steps = tmp_path / "run", 10
     p = start(out, *DORA, "run.save_every=2", "nodes.train.replicas=2", "pools.train.count=2", steps=steps)
     wait_for_steps(p, out, 3)
     os.kill(_replica_pid(p.pid, "train", 0), signal.SIGKILL)
