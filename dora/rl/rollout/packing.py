@@ -65,11 +65,15 @@ class VersionPacker:
         return moved
 
     def kv_fits(self, name: str) -> bool:
-        """Is mixing worth its KV: once one more version's weights take their share of the room
-        (InstanceStats.version_kv_fraction), do the requests here use at most half of what is left
-        below kv_limit, so that the newest version gets at least as much as they hold?"""
+        """Is mixing worth its KV? Once one more version's weights take their share of the room
+        (InstanceStats.version_kv_fraction), every version the instance would then host gets an
+        equal share of what is left below kv_limit: the requests here, of len(versions) versions,
+        may use at most len(versions) / (len(versions) + 1) of it, so that the newest version
+        gets at least one version's share (with M = 2: half)."""
         st = self.m.instances[name].stats()
-        return st.kv_used_fraction <= self.kv_limit * (1 - st.version_kv_fraction) / 2
+        here = max(1, len(self.m.versions_on[name]))
+        room = self.kv_limit * (1 - st.version_kv_fraction)
+        return st.kv_used_fraction <= room * here / (here + 1)
 
     def mix(self, newest: int) -> dict[str, int]:
         """Step 2: instance -> newest, for each instance that took it."""
