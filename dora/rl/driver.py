@@ -126,6 +126,7 @@ class RLDriver:
             uids = [str(u) for u in ev.get("uids", []) if str(u) not in self.restarts.abandoned]
             self.filtered_uids += uids
             self.prompts.close(uids)
+            self.feed.forget(uids)
             if uids and self._rc().on_dropped(uids, reason="filtered"):
                 # The batch we were waiting to complete held a dropped group: it went back to the
                 # queue whole, and the next take builds one without it. (A batch already sent to
@@ -219,6 +220,7 @@ class RLDriver:
                 if str(u) not in self.restarts.abandoned]   # (interrupted at a trainer restart: accounted)
         if not done:
             return
+        self.feed.finished_on(f"{node}[{replica}]", [f.uid for f in done])
         self._rc().on_finished(f"{node}[{replica}]", done)
         if self.elastic is not None:
             self.elastic.on_finished(replica, [f.response_tokens for f in done])

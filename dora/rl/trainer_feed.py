@@ -3,7 +3,14 @@
 Rows arrive scored (reward, advantages) after their trajectory finished generating; the rollout
 controller's TransferQueue decides which TBS trajectories make the next batch (`take`: whole
 groups, oldest version first) as soon as they finish, and the batch goes to the trainer once every
-one of its rows has arrived. One batch is in training at a time (`sent`)."""
+one of its rows has arrived. One batch is in training at a time (`sent`).
+
+A generate replica reports a trajectory finished (a control event) before its row has left the
+process (data rows wait there for the edge's credits), so a replica that dies can take rows of
+trajectories the controller already counts as finished with it. `in_transit` remembers where each
+finished trajectory was generated until its row arrives: `lost_with(replica)` names the rows a
+dead replica may have taken along (its groups are then dropped and reissued; a row that does
+arrive later is a late row)."""
 
 from __future__ import annotations
 
@@ -23,16 +30,36 @@ class TrainerFeed:
         self.sent: dict[str, Any] | None = None            # what the trainer is training on now (batch_summary)
         self.batches_sent = 0
         self.late_rows = 0                                 # scored rows of a retired attempt, dropped on arrival
+        self.in_transit: dict[str, str] = {}               # uid -> generate replica it finished on, row not here yet
 
     def add(self, batch: pa.RecordBatch, is_open: Callable[[str], bool]) -> None:
         if self.schema is None:
             self.schema = batch.schema
         for row in batch.to_pylist():
             uid = str(row["uid"])
+            self.in_transit.pop(uid, None)
             if not is_open(uid):   # an attempt that was reissued (its replica died): not ours any more
                 self.late_rows += 1
                 continue
             self.scored[uid] = row
+
+    def finished_on(self, replica: str, uids: list[str]) -> None:
+        """These trajectories finished generating on `replica`; their rows are on their way."""
+        for u in uids:
+            if u not in self.scored:
+                self.in_transit[u] = replica
+
+    def forget(self, uids: list[str]) -> None:
+        """Rows that will never come (a filter dropped them)."""
+        for u in uids:
+            self.in_transit.pop(u, None)
+
+    def lost_with(self, replica: str, is_open: Callable[[str], bool]) -> list[str]:
+        """uids of open trajectories that finished on `replica` (now dead) and whose rows have not
+        arrived: they may have died with it. Forgets every entry of closed trajectories too."""
+        lost = [u for u, r in self.in_transit.items() if r == replica and is_open(u)]
+        self.in_transit = {u: r for u, r in self.in_transit.items() if r != replica and is_open(u)}
+        return lost
 
     def complete_batch(self) -> pa.RecordBatch | None:
         """The pending batch once every row of it has arrived (it becomes the batch sent), else None.
