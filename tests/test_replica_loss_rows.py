@@ -102,3 +102,30 @@ def test_rows_that_died_with_their_replica_are_reissued_not_waited_for():
     assert not d.feed.in_transit.keys() & set(on0)
     summary = d.rc.finish()
     assert summary["lost"] == 0 and summary["c2_violations"] == 0, summary
+
+
+def test_a_batch_whose_rows_never_come_fails_the_run_after_the_stall_timeout():
+    """Every wait has a bound: rows that nothing will deliver (here: never sent, and no replica
+    reported lost) end the run naming them, instead of a trainer waiting forever."""
+    import time
+
+    import pytest
+
+    from dora.runtime.errors import RunFailed
+
+    d, ctrl = _driver("dora")
+    ctrl.stall_timeout_s = 0.2
+    gen = d.roles.generate
+    d.on_batch(d.roles.dataset, _prompts(0, 8))
+    d.on_event(d.roles.update, 0, {"kind": "weights", "version": 0, "path": "v0"})
+    d.tick(0.0)
+    for r, uids in ctrl.submitted.items():
+        d.on_event(gen, r, {"kind": "finished", "uids": list(uids), "version": 0,
+                            "token_versions": [[0]] * len(uids), "response_tokens": [5] * len(uids)})
+    assert d.feed.pending is not None
+    d.tick(0.0)                                    # the wait starts
+    time.sleep(0.1)
+    d.tick(0.0)                                    # within the bound
+    time.sleep(0.25)
+    with pytest.raises(RunFailed, match=r"waited \d+ s .* for the scored rows of 8 trajectories .*finished on rollout\[0\]"):
+        d.tick(0.0)

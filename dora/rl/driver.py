@@ -39,6 +39,7 @@ from dora.rl.rollout import Finished, RolloutConfig, RolloutController
 from dora.rl.step_record import driver_step_record
 from dora.rl.multiturn_reports import MultiTurnReports, turn_trace_path
 from dora.rl.trainer_feed import TrainerFeed
+from dora.runtime.errors import RunFailed
 
 RESPAWNABLE_OPS = ("generate", "reward", "advantage", "filter", "reference")   # (and the trainer: restarted)
 
@@ -152,6 +153,10 @@ class RLDriver:
         rc = self._rc()
         rc.tick()
         self._maybe_train()
+        limit = getattr(self.ctrl, "stall_timeout_s", None)
+        stuck = self.feed.overdue(self.clock.now(), limit) if limit is not None else None
+        if stuck is not None:
+            raise RunFailed(stuck)
         if (self.prompts.dataset_done and not self.prompts.waiting and rc.manager.r_sum == 0
                 and self.feed.pending is None and self.feed.sent is None and not rc.trainer_ready() and not self._done):
             # Finite dataset used up: everything generated is trained or accounted as untrained.

@@ -31,6 +31,7 @@ class TrainerFeed:
         self.batches_sent = 0
         self.late_rows = 0                                 # scored rows of a retired attempt, dropped on arrival
         self.in_transit: dict[str, str] = {}               # uid -> generate replica it finished on, row not here yet
+        self._waiting: tuple[int, float] | None = None     # (rows the pending batch misses, since when that many)
 
     def add(self, batch: pa.RecordBatch, is_open: Callable[[str], bool]) -> None:
         if self.schema is None:
@@ -60,6 +61,24 @@ class TrainerFeed:
         lost = [u for u, r in self.in_transit.items() if r == replica and is_open(u)]
         self.in_transit = {u: r for u, r in self.in_transit.items() if r != replica and is_open(u)}
         return lost
+
+    def overdue(self, now: float, limit_s: float) -> str | None:
+        """Why the run cannot go on, once the pending batch has missed rows, none of them arriving,
+        for longer than `limit_s` (a row that nothing will deliver any more must not hang the run)."""
+        missing = [u for u in self.pending or () if u not in self.scored]
+        if not missing or self.sent is not None:
+            self._waiting = None
+            return None
+        if self._waiting is None or self._waiting[0] != len(missing):
+            self._waiting = (len(missing), now)
+            return None
+        waited = now - self._waiting[1]
+        if waited <= limit_s:
+            return None
+        where = sorted({self.in_transit.get(u, "?") for u in missing})
+        return (f"the trainer's next batch waited {waited:.0f} s (stall timeout {limit_s:.0f} s) for the scored rows "
+                f"of {len(missing)} trajectories that finished generating (e.g. {', '.join(missing[:4])}; finished on "
+                f"{', '.join(where)}): nothing between generate and the trainer delivered them")
 
     def complete_batch(self) -> pa.RecordBatch | None:
         """The pending batch once every row of it has arrived (it becomes the batch sent), else None.
