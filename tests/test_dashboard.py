@@ -189,8 +189,10 @@ def test_the_page_needs_no_network():
     assert "fetch('api/state'" in html    # its one request: relative, to the server that served it
 
 
-def test_viz_output_gets_its_missing_folders(tmp_path):
+def test_viz_output_gets_its_missing_folders(tmp_path, capsys):
+    from dora.cli import main   # in this process: the console entry point has its own test (test_cli.py)
+
     for ext in ("html", "svg", "mmd"):
         out = tmp_path / "not" / "yet" / f"q.{ext}"
-        p = _cli("viz", str(PIPELINES / "quickstart.yaml"), "-o", str(out))
-        assert p.returncode == 0 and out.stat().st_size > 100, p.stderr
+        rc = main(["viz", str(PIPELINES / "quickstart.yaml"), "-o", str(out)])
+        assert rc == 0 and out.stat().st_size > 100, capsys.readouterr().err
