@@ -5,8 +5,9 @@ stacks are written next to its run folder (py-spy, when installed) and it is kil
 
     python benchmarks/sigkill_loop.py [--runs 15] [--load 1] [--nice 19] [--hang-s 90] [--out DIR]
 
---load N starts N busy processes beside it and --nice runs the scenario below them: the timing
-under which a kill lands between a replica's `finished` event and its rows leaving the process.
+--load N starts N busy processes beside it, then this process (the killer included) and its runs
+go to --nice below them: the timing under which a kill can land between a replica's `finished`
+event and its rows leaving the process.
 Prints one line per run and a table: runs, finished, hung, failed.
 """
 
@@ -44,12 +45,12 @@ def dump_stacks(pid: int, path: Path) -> None:
             f.write(subprocess.run(["py-spy", "dump", "--pid", str(p)], capture_output=True, text=True).stdout)
 
 
-def one_run(out: Path, seed: int, nice: int, hang_s: float) -> str:
+def one_run(out: Path, seed: int, hang_s: float) -> str:
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     log = open(f"{out}.log", "w")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.Popen(["nice", "-n", str(nice), sys.executable, "-m", "dora.cli", "run",
+    p = subprocess.Popen([sys.executable, "-m", "dora.cli", "run",
                           str(ROOT / "pipelines" / "quickstart.yaml"), *QUICK, *DORA, "--out", str(out)],
                          cwd=str(ROOT), env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     rng = random.Random(seed)
@@ -81,17 +82,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--load", type=int, default=1, help="busy processes started beside the runs")
-    ap.add_argument("--nice", type=int, default=19, help="niceness of the runs (below the load)")
+    ap.add_argument("--nice", type=int, default=19, help="niceness of this process and its runs (below the load)")
     ap.add_argument("--hang-s", type=float, default=90.0, help="no step for this long: hung")
     ap.add_argument("--seed", type=int, default=100)
     ap.add_argument("--out", default="runs/sigkill_loop")
     a = ap.parse_args()
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.load)]
+    os.nice(a.nice)
     outcomes: list[str] = []
     try:
         for i in range(a.runs):
             out = Path(a.out) / f"run{i}"
-            outcomes.append(one_run(out, a.seed + i, a.nice, a.hang_s))
+            outcomes.append(one_run(out, a.seed + i, a.hang_s))
             print(f"run {i}: {outcomes[-1]}", flush=True)
             if outcomes[-1] == "finished":
                 shutil.rmtree(out, ignore_errors=True)
