@@ -7,14 +7,17 @@ waits forever (seen in the generate-SIGKILL chaos test under load)."""
 from __future__ import annotations
 
 import os
+import time
 from types import SimpleNamespace
 
 import pyarrow as pa
+import pytest
 
 from dora.graph.resolve import resolve
 from dora.graph.yaml_io import load_graph
 from dora.rl.driver import RLDriver
 from dora.rl.roles import RLRoles
+from dora.runtime.errors import RunFailed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,6 +31,7 @@ class FakeControl:
         self.plan = SimpleNamespace(of=lambda node: [SimpleNamespace(replica=r, spare=False) for r in range(replicas)],
                                     sharing=lambda a, b: [])
         self.sent: list[tuple] = []
+        self.stall_timeout_s = 600.0
 
     def call(self, node, replica, method, args, timeout=None, buffers=()):
         if method == "submit":
@@ -93,7 +97,7 @@ def test_rows_that_died_with_their_replica_are_reissued_not_waited_for():
     assert d.feed.pending is None or not set(on0) & set(d.feed.pending)
     assert all(not d.prompts.is_open(u) for u in on0)
     again = {grp[0].group_id for grp in d.prompts.waiting if int(grp[0].group_id) < 0}
-    again |= {u.split("-", 2)[1] for uids in ctrl.submitted.values() for u in uids if u.startswith("-")}
+    again |= {u.rsplit("-", 1)[0] for uids in ctrl.submitted.values() for u in uids if u.startswith("-")}
     assert len(again) == len(lost_groups), (again, lost_groups)
     assert d.rc.ledger.dropped["replica_lost"] == 4 * len(lost_groups)
     # a row of the old attempt that does arrive later is not trained
@@ -107,12 +111,6 @@ def test_rows_that_died_with_their_replica_are_reissued_not_waited_for():
 def test_a_batch_whose_rows_never_come_fails_the_run_after_the_stall_timeout():
     """Every wait has a bound: rows that nothing will deliver (here: never sent, and no replica
     reported lost) end the run naming them, instead of a trainer waiting forever."""
-    import time
-
-    import pytest
-
-    from dora.runtime.errors import RunFailed
-
     d, ctrl = _driver("dora")
     ctrl.stall_timeout_s = 0.2
     gen = d.roles.generate

@@ -153,8 +153,7 @@ class RLDriver:
         rc = self._rc()
         rc.tick()
         self._maybe_train()
-        limit = getattr(self.ctrl, "stall_timeout_s", None)
-        stuck = self.feed.overdue(self.clock.now(), limit) if limit is not None else None
+        stuck = self.feed.overdue(self.clock.now(), self.ctrl.stall_timeout_s)
         if stuck is not None:
             raise RunFailed(stuck)
         if (self.prompts.dataset_done and not self.prompts.waiting and rc.manager.r_sum == 0
