@@ -5,7 +5,9 @@ rebalance():
  2. targets DP_w = round(D * R_w / sum R) by largest remainder, where R_w = requests in flight
     on version w (plus the planned injection for the newest);
  3. shrink versions above target: release their least-loaded instances, migrating the
-    released instances' requests (with KV) to the remaining instances OF THE SAME VERSION.
+    released instances' requests (with KV) to the remaining instances OF THE SAME VERSION, never
+    below the instances those requests need to run at once (their slots and their KV: see
+    room_needed).
     A version with requests in flight always keeps >= 1 instance: rounding can give it 0,
     but its work is never dropped or stranded; it keeps one instance until drained;
  4. grow versions below target (newest first) from the free instances (weight-transfer map:
@@ -50,8 +52,9 @@ def partition(total: int, load: dict[int, int]) -> dict[int, int]:
 class Orchestrator:
     """Decides; the Dispatcher does (weight loads, migrations)."""
 
-    def __init__(self, manager: RolloutManager, dispatcher: Dispatcher, limit: int = 1):
+    def __init__(self, manager: RolloutManager, dispatcher: Dispatcher, limit: int = 1, kv_limit: float = 0.92):
         self.m, self.d, self.limit = manager, dispatcher, limit   # limit: M, versions per instance
+        self.kv_limit = kv_limit                                  # KV use an instance is kept below (kv_pressure)
         self.slots_of = manager.slots_of
         self.migrate = dispatcher.migrate
 
@@ -97,10 +100,7 @@ class Orchestrator:
                 free.extend(names)          # nothing in flight on this version: free to reassign
                 hosts[v] = []
                 continue
-            # shrink only as far as the version's requests still fit in the slots it keeps:
-            # consolidating stragglers into queues would delay the drain the trainer waits on
-            slots = max(self.slots_of(n) for n in names)
-            keep_n = max(1, targets.get(v, 0), -(-load[v] // slots))
+            keep_n = max(1, targets.get(v, 0), self.room_needed(v, names, load[v]))
             if v in want:             # near its deadline: keep the instances its small batches need
                 keep_n = min(len(names), max(keep_n, want[v]))
             extra = len(names) - keep_n
@@ -131,6 +131,20 @@ class Orchestrator:
             self.d.load(n, v)
         self.balance_within_versions(urgent)
         return moves
+
+    def room_needed(self, v: int, names: list[str], requests: int) -> int:
+        """Instances version v's requests need to run at once: their slots, and their KV below
+        kv_pressure (each instance's KV use counted for v in proportion to its requests of v).
+        Shrinking below that consolidates stragglers into queues (a long context waits for KV,
+        parked in host memory), which delays the very drain the trainer waits on."""
+        m = self.m
+        slots = max(self.slots_of(n) for n in names)
+        kv = 0.0
+        for n in names:
+            here = m.load(n)
+            if here:
+                kv += m.instances[n].stats().kv_used_fraction * m.versions_on[n][v] / here
+        return max(-(-requests // slots), math.ceil(kv / self.kv_limit - 1e-9))
 
     def can_take(self, name: str, v: int) -> bool:
         """May instance `name` make v its current version? The versions of the requests on it, all
