@@ -63,6 +63,11 @@ class FakeInstance:
             r = Request(st.uid, st.group_id, st.version, st.prompt_tokens, st.payload)
             self.reqs[st.uid] = {"r": r, "done": st.tokens_done, "target": st.payload, "versions": set(st.token_versions)}
 
+    def load_version_in_flight(self, v):
+        for s in self.reqs.values():       # keeps going, its next tokens on v (partial_inflight)
+            s["r"].version = v
+        self.version = v
+
     def interrupt_all(self):
         out = self.export(list(self.reqs))
         for s in out:
@@ -167,8 +172,9 @@ def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3, elastic=0, versi
     return c, batches, trained, counter[0] * g, insts + spare
 
 
-@pytest.mark.parametrize("mode", ["sync", "one_step_off", "partial", "dora"])
-@pytest.mark.parametrize("seed, elastic", [(0, 0), (1, 0), (2, 0), (3, 2), (4, 3)])
+@pytest.mark.parametrize("mode, seed, elastic", [
+    (m, s, e) for m in ("sync", "one_step_off", "partial", "dora") for s, e in [(0, 0), (1, 0), (2, 0), (3, 2), (4, 3)]]
+    + [(m, s, e) for m in ("partial_colocated", "partial_inflight") for s, e in [(0, 0), (3, 2)]])
 def test_invariants_under_chaos(mode, seed, elastic):
     c, batches, trained, dispatched_n, insts = run_chaos(mode, seed, elastic=elastic)
     k = c.cfg.max_staleness
@@ -187,11 +193,13 @@ def test_invariants_under_chaos(mode, seed, elastic):
     assert s["lost"] == 0 and s["c2_violations"] == 0 and s["c3_violations"] == 0
     assert s["dispatched"] == dispatched_n
     assert s["trained"] + s["finished_untrained"] + s["in_flight_at_end"] + s["in_training_at_end"] == dispatched_n
-    in_flight = sum(len(i.reqs) for i in insts) + c.dispatch.held()
+    in_flight = sum(len(i.reqs) for i in insts) + c.dispatch.held() + c.policy.held()
     assert in_flight == s["in_flight_at_end"]
     c1 = sum(m.c1_violations for m in c.step_metrics)
-    if mode == "partial":
-        assert c1 > 0 and s["reprefill_tokens"] > 0, "partial must break C1 (and re-prefill) at publishes"
+    if mode.startswith("partial"):
+        assert c1 > 0, f"{mode} must break C1 at publishes"
+        # partial and partial_colocated resume under the new weights with a re-prefill; partial_inflight keeps the KV
+        assert (s["reprefill_tokens"] > 0) == (mode != "partial_inflight"), s["reprefill_tokens"]
     else:
         assert c1 == 0 and s["c1_violations"] == 0
     if mode == "sync":
@@ -487,3 +495,30 @@ def test_a_lost_instance_drops_its_groups_whole_and_a_restored_batch_trains(mode
                               [FakeInstance("j0")], lambda n: [], clock, initial_version=5)
     fresh.restore_finished([Trajectory(f"r{g}.{j}", f"r{g}", 5, 10, 20, (5,), clock.t) for g in range(2) for j in range(4)])
     assert fresh.trainer_ready() and {t.uid for t in fresh.take_batch()} == {f"r{g}.{j}" for g in range(2) for j in range(4)}
+
+
+@pytest.mark.parametrize("publish_first", [True, False])
+def test_partial_colocated_stops_rollout_while_the_trainer_steps(publish_first):
+    """The training barrier: the take interrupts every request (tokens kept) and nothing runs until
+    the step is over and its weights are published, in either order (a run's trainer publishes
+    before it reports its step, the simulator's after); then all resume under the new version."""
+    rng, clock = random.Random(0), Clock()
+    insts = [FakeInstance(f"i{j}", slots=4) for j in range(2)]
+    c = RolloutController(RolloutConfig(mode="partial_colocated", train_batch=8, group_size=4, max_staleness=2),
+                          insts, make_prompts(4, rng)[0], clock)
+    c.start()
+    while not c.trainer_ready():
+        clock.t += 1
+        for i in insts:
+            c.on_finished(i.name, i.progress(rng))
+    batch = c.take_batch()
+    paused = c.policy.held()
+    assert paused and not any(i.reqs for i in insts), "rollout still holds requests while the trainer steps"
+    c.tick()
+    assert not any(i.reqs for i in insts), "dispatched while the trainer steps"
+    events = [lambda: c.on_published(1), lambda: c.on_trained(0, 1, [t.uid for t in batch])]
+    events[0 if publish_first else 1]()
+    assert not any(i.reqs for i in insts)
+    events[1 if publish_first else 0]()
+    assert c.policy.held() == 0 and sum(len(i.reqs) for i in insts) >= paused
+    assert all(i.version == 1 for i in insts) and all(s["r"].version == 1 for i in insts for s in i.reqs.values())

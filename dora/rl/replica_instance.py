@@ -127,6 +127,22 @@ class ReplicaInstance:
         counts = [len(st.payload[1]) for st in states]
         self.saw_hosted(self._call("import_", {"state": {"states": wire_states, "frame_counts": counts}}, buffers=frames))
 
+    def load_version_in_flight(self, v: int) -> None:
+        """partial_inflight (PipelineRL): the requests here go on under v over the KV their older
+        version computed. Done with the calls a replica has: interrupt everything (tokens and KV
+        kept), load v, import them back as v's with their KV marked v's, so the engine reuses it
+        instead of prefilling again (an engine with an in-place swap would skip the KV's round trip
+        through host memory; the simulator charges only the weight load)."""
+        states = self.interrupt_all()
+        self.load_version(v)
+        for st in states:
+            wire = st.payload[0]
+            wire["request"] = {**wire["request"], "version": v}
+            if wire.get("kv") is not None:
+                wire["kv_version"] = v
+            st.version = v
+        self.import_(states)
+
     def stats(self) -> InstanceStats:
         s = self._call("stats", {}) or {}
         self.saw_hosted(s)

@@ -34,6 +34,25 @@ class SimInstance(SimEngine):
             self._admit()                         # a smaller KV room preempts what no longer fits
             self._reschedule()
 
+    def load_version_in_flight(self, v: int) -> None:
+        """PipelineRL's update: the weight load stalls the instance, then every request here goes on
+        with v, its KV kept (no re-prefill); the tokens it generates from now on are v's."""
+        self._advance()
+        t = self.cost.weight_load_s()
+        now = self.clock.now()
+        self.trace.span("rollout", self.name, f"swap v{v}", max(now, self.busy_until), max(now, self.busy_until) + t)
+        self._stall(t)
+        self.load_s += t
+        for s in [*self.running.values(), *self.queue.values(), *self.waiting.values()]:
+            fresh = s.uid in self.running and s.done0 == 0 and self.P - s.p0 < 1
+            if s.uid in self.running and not fresh:
+                s.versions = tuple(sorted({*s.versions, v}))   # its next tokens are v's
+            elif fresh:
+                s.versions = (v,)                              # admitted, nothing generated yet
+            s.version = v
+        self.hv.switch_all(v)
+        self._versions_changed()
+
     def submit(self, reqs: list[Request]) -> None:
         self._advance()
         for r in reqs:

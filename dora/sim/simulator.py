@@ -1,10 +1,11 @@
 """The cluster simulator: the real RolloutController driven on a VirtualClock by SimInstances
 and a SimTrainer whose costs come from the cost model.
 
-Placement: `sync` is colocated (every GPU generates, then every GPU trains; the controller's
-barrier guarantees they never overlap, and the simulator checks it). The other modes are
-disaggregated: a trainer pool and a rollout pool, split in proportion to their expected work per
-step (`--train-gpus` overrides), identical for one_step_off, partial and dora.
+Placement: a mode whose policy is `colocated` (sync, partial_colocated) shares every GPU: every
+GPU generates, then every GPU trains (the policy's barrier guarantees they never overlap, and the
+simulator checks it at each step's start). The other modes are disaggregated: a trainer pool and
+a rollout pool, split in proportion to their expected work per step (`--train-gpus` overrides),
+identical for every disaggregated mode.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def placement(cfg: SimConfig, cost: CostModel, workload: Workload) -> tuple[int,
     tp = cost.model.tp
     if cfg.gpus < tp or cfg.gpus % tp:
         raise ValueError(f"--gpus {cfg.gpus} must be a positive multiple of the rollout TP size {tp} ({cost.model.name})")
-    if POLICIES[cfg.mode].staleness == 0:   # rollout and training never overlap: they share every GPU
+    if POLICIES[cfg.mode].colocated:   # rollout and training never overlap: they share every GPU
         return cfg.gpus // tp, cfg.gpus, True
     if cfg.train_gpus:
         train = cfg.train_gpus

@@ -31,9 +31,9 @@ class SimTrainer:
     def maybe_start(self) -> None:
         if self.busy or self.blocked() or not self.c.trainer_ready():
             return
+        batch = self.c.take_batch()          # (a colocated mode stops its rollout at the take)
         if self.before_step:
             self.before_step()
-        batch = self.c.take_batch()
         tokens = sum(t.prompt_tokens + t.response_tokens for t in batch)
         dur = self.cost.train_s(tokens, self.gpus)
         self.busy = True

@@ -218,6 +218,18 @@ class Dispatcher:
         self.ledger.count_load()
         self.trace.instant("orchestrator", "weights", f"load v{version}", now, instance=name)
 
+    def swap_in_flight(self, name: str, version: int) -> None:
+        """PipelineRL's update: instance `name` loads `version` and every request on it goes on under
+        it, keeping the KV older weights computed (RolloutInstance.load_version_in_flight)."""
+        inst = self.m.instances[name]
+        now = self.clock.now()
+        self.close_span(name, inst.version, now)
+        inst.load_version_in_flight(version)
+        self.m.switch_version(name, version)
+        self.hosting_since[name] = self.clock.now()
+        self.ledger.count_load()
+        self.trace.instant("orchestrator", "weights", f"swap in flight v{version}", now, instance=name)
+
     def close_span(self, name: str, version: int | None, now: float) -> None:
         since = self.hosting_since.pop(name, None)
         if since is not None and version is not None:

@@ -89,7 +89,7 @@ class RolloutController:
         now = self.clock.now()
         for name, inst in self.manager.instances.items():
             self.dispatch.close_span(name, inst.version, now)
-        return self.ledger.account(self.manager.r_sum + self.dispatch.held())
+        return self.ledger.account(self.manager.r_sum + self.dispatch.held() + self.policy.held())
 
     # -- events from rollout ----------------------------------------------------------------------
     def on_finished(self, instance_name: str, done: Sequence[str | Finished]) -> None:
@@ -137,6 +137,7 @@ class RolloutController:
         step = self.queue.next_step
         batch = self.queue.take()
         self.ledger.taken_batch(step, batch, self.clock.now())
+        self.policy.batch_taken()
         self._dispatch()                     # the room for new dispatches just grew
         return batch
 

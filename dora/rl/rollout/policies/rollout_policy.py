@@ -31,6 +31,9 @@ class RolloutPolicy:
     staleness: ClassVar[int | None] = None   # the K this mode always runs with; None: async.max_staleness (>= 1)
     batch_dispatch: ClassVar[bool] = False   # a whole batch at a time: RBS = TBS (else RBS 0 = 1.5 x TBS)
     listing_order: ClassVar[int] = 100       # where the mode stands in listings (then by name)
+    colocated: ClassVar[bool] = False        # rollout never runs while the trainer steps, so both can share
+                                             # every device (the simulator places it so; a run sleeps replicas
+                                             # that share the trainer's devices)
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -59,6 +62,13 @@ class RolloutPolicy:
 
     def on_tick(self) -> None:
         """Periodic call from the driver."""
+
+    def batch_taken(self) -> None:
+        """The trainer just took a batch (it steps from now until the next publish)."""
+
+    def held(self) -> int:
+        """Trajectories this policy holds off every instance (in flight in the accounting)."""
+        return 0
 
     def rebalance(self) -> bool:
         """Re-partition instances across versions now; False if this mode never does."""

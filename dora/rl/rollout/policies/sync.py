@@ -8,3 +8,4 @@ class SyncPolicy(BatchPolicy):
     staleness = 0
     batch_dispatch = True
     listing_order = 0
+    colocated = True
