@@ -104,6 +104,10 @@ class AsyncConfig:
                                          "the newest version's; every hosted copy's weights come out of the KV "
                                          "cache); 1 = one version per instance. Engines that cannot host several "
                                          "(vllm) run with 1", min=1)
+    fast_lanes: int = setting(-1, "dora mode: at most this many rollout instances at a time serve as fast lanes, "
+                              "where an old version's stragglers that could miss their deadline decode in small "
+                              "batches (moved with their KV); -1 = as many as the measurements call for, 0 = none. "
+                              "Must leave at least one generate replica for the newest version", min=-1)
     loc: SourceLoc = dataclasses.field(default_factory=SourceLoc, compare=False)
 
 

@@ -58,7 +58,19 @@ def settings_problems(g: Graph, specs: dict[str, OpSpec | None]) -> list[Diagnos
     diags += _broadcast_problems(g, specs, params)
     diags += _elastic_problems(g, specs, params)
     diags += _engine_problems(g, specs, params)
+    diags += _fast_lane_problems(g, specs)
     return diags
+
+
+def _fast_lane_problems(g: Graph, specs: dict[str, OpSpec | None]) -> list[Diagnostic]:
+    """async.fast_lanes must leave the newest version at least one generate replica."""
+    lanes = g.async_.fast_lanes
+    replicas = sum(g.nodes[n].replicas for n in nodes_with(specs, "generate"))
+    if not isinstance(lanes, int) or lanes < 1 or not replicas or lanes < replicas:
+        return []
+    return [error(f"async.fast_lanes {lanes} leaves no generate replica for the newest version: the pipeline has "
+                  f"{replicas} generate replica(s), and fast lanes may take at most {replicas - 1}",
+                  g.loc_of("async.fast_lanes"), hint=f"use async.fast_lanes <= {replicas - 1}, -1 (as measured) or 0 (none)")]
 
 
 def _engine_problems(g: Graph, specs: dict[str, OpSpec | None], params: dict[str, dict[str, Any]]) -> list[Diagnostic]:

@@ -106,7 +106,7 @@ def summarize(records: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     out["staleness_max"] = max((r.get("staleness_max") or 0) for r in records)
     out["rollout_only_s"] = sum(r.get("rollout_only_s") or 0.0 for r in records)
     out["rollout_only_fraction"] = out["rollout_only_s"] / wall if wall > 0 else None
-    for key in ("c1_violations", "c2_violations", "c3_violations", "migrated_requests", "reprefill_tokens"):
+    for key in ("c1_violations", "c2_violations", "c3_violations", "migrated_requests", "fast_lane_requests", "reprefill_tokens"):
         out[key] = sum(r.get(key) or 0 for r in records)
     return clean_json(out)
 

@@ -54,7 +54,7 @@ class RLDriver:
         a = resolved.async_
         self.cfg = RolloutConfig(mode=a.mode, train_batch=a.train_batch, rollout_batch=a.rollout_batch,
                                  group_size=a.group_size, max_staleness=a.max_staleness,
-                                 versions_per_instance=a.versions_per_instance,
+                                 versions_per_instance=a.versions_per_instance, fast_lanes=a.fast_lanes,
                                  rebalance_period_s=2.0, kv_check_s=1.0).resolved()
         self.total_steps = self.params[roles.update]["steps"]
         self.run_cfg = resolved.run

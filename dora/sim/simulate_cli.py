@@ -23,7 +23,8 @@ from dora.rl.rollout import POLICIES, RolloutConfig, RolloutConfigError
 MODES = POLICIES.names()   # every rollout mode, in listing order
 
 from .costmodel import MODELS, CostModel
-from .simulator import DEFAULT_VERSIONS, SimConfig, SimulationError, ideal, simulate, versions_problem
+from .simulator import (DEFAULT_FAST_LANES, DEFAULT_VERSIONS, SimConfig, SimulationError, ideal, placement,
+                        simulate, versions_problem)
 from .workloads import WORKLOADS, WorkloadError, get_workload
 
 KEYS = ("mode", "step_time_s", "tokens_per_s", "rollout_only_fraction", "bubble_fraction", "staleness_max",
@@ -63,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--versions-per-instance", type=int, default=DEFAULT_VERSIONS, metavar="M",
                    help="policy versions one rollout instance may hold at once (async.versions_per_instance, "
                         f"default {DEFAULT_VERSIONS}); dora mode packs old versions' stragglers beside the newest")
+    p.add_argument("--fast-lanes", type=int, default=DEFAULT_FAST_LANES, metavar="N",
+                   help="dora: at most N rollout instances serve as fast lanes for stragglers (async.fast_lanes; "
+                        f"default {DEFAULT_FAST_LANES}: as many as measured, 0: none)")
     p.add_argument("--json", default=None, metavar="FILE", help="write results as a JSON array")
     p.add_argument("--trace-out", default=None, metavar="FILE",
                    help="Chrome/Perfetto trace (one file per mode: FILE with .<mode> before the extension)")
@@ -94,9 +98,10 @@ def _configs(a: argparse.Namespace) -> list[SimConfig]:
         c = SimConfig(mode=m, model=a.model, gpus=a.gpus, steps=a.steps, seed=a.seed, train_batch=a.train_batch,
                       rollout_batch=a.rollout_batch, group_size=a.group_size, max_staleness=a.max_staleness,
                       workload=a.workload, trace_file=a.trace, train_gpus=a.train_gpus, drop_groups=a.drop_groups,
-                      elastic=a.elastic, versions_per_instance=a.versions_per_instance)
+                      elastic=a.elastic, versions_per_instance=a.versions_per_instance, fast_lanes=a.fast_lanes)
         RolloutConfig(mode=m, train_batch=c.train_batch, rollout_batch=c.rollout_batch, group_size=c.group_size,
-                      max_staleness=c.max_staleness).resolved()   # RolloutConfigError -> exit 2
+                      max_staleness=c.max_staleness, fast_lanes=c.fast_lanes).resolved()   # RolloutConfigError -> exit 2
+        _check_lanes(c)
         out.append(c)
     return out
 
@@ -107,6 +112,15 @@ def _check_versions(a: argparse.Namespace, workload) -> None:
     problem = versions_problem(CostModel(MODELS[a.model]), workload, a.versions_per_instance)
     if problem:
         raise _BadArgs(f"--versions-per-instance {a.versions_per_instance}: {problem}")
+
+
+def _check_lanes(c: SimConfig) -> None:
+    """--fast-lanes must leave the newest version at least one of the mode's rollout instances."""
+    if c.fast_lanes > 0:
+        instances = placement(c, CostModel(MODELS[c.model]), get_workload(c.workload, c.trace_file))[0]
+        if c.fast_lanes >= instances:
+            raise _BadArgs(f"--fast-lanes {c.fast_lanes} leaves no rollout instance for the newest version: "
+                           f"{c.mode} runs {instances} instance(s) on {c.gpus} GPUs")
 
 
 def _trace_path(base: str, mode: str, many: bool) -> str:
@@ -124,6 +138,7 @@ def _print_table(rows: list[dict[str, Any]], title: str) -> None:
             ("ratio_to_ideal", "/ ideal"), ("rollout_only_fraction", "rollout-only"), ("bubble_fraction", "bubble"),
             ("overhead_fraction", "overhead"), ("staleness_max", "stale max"), ("c1_violations", "C1"),
             ("c2_violations", "C2"), ("c3_violations", "C3"), ("migrated_requests", "migrated"),
+            ("fast_lane_requests", "to lanes"),
             ("reprefill_tokens", "re-prefill tok")]
     for _, h in cols:
         t.add_column(h, justify="left" if h == "mode" else "right")

@@ -28,6 +28,7 @@ from .workloads import PromptSource, Workload, get_workload, response_tokens
 
 
 DEFAULT_VERSIONS: int = AsyncConfig.__dataclass_fields__["versions_per_instance"].default   # declared once there
+DEFAULT_FAST_LANES: int = AsyncConfig.__dataclass_fields__["fast_lanes"].default
 ROLLOUT_EFFICIENCY = 0.85   # assumed rollout pool vs full-batch decode bound; only picks the (shared) split
 
 
@@ -57,6 +58,7 @@ class SimConfig:
     drop_groups: float = 0.0        # DAPO dynamic sampling: this fraction of finished groups is dropped (seeded)
     elastic: bool = False           # trainer devices serve rollout while the trainer waits (every mode; sync has none)
     versions_per_instance: int = DEFAULT_VERSIONS   # M: versions one rollout instance may host at once
+    fast_lanes: int = DEFAULT_FAST_LANES            # instances fast lanes may take (-1: as measured, 0: none)
 
 
 def versions_problem(cost: CostModel, workload: Workload, versions: int) -> str | None:
@@ -184,6 +186,9 @@ def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) ->
     if problem:
         raise ValueError(f"versions_per_instance {cfg.versions_per_instance}: {problem}")
     sim = _build(cfg, trace or TraceWriter(enabled=False))
+    if cfg.fast_lanes >= len(sim.instances):
+        raise ValueError(f"fast_lanes {cfg.fast_lanes} leaves no rollout instance for the newest version: "
+                         f"{cfg.mode} runs {len(sim.instances)} instance(s) on {cfg.gpus} GPUs")
     if observer is not None:
         observer(sim.ctl, sim.trainer, sim.instances)
     warm = max(1, cfg.steps // 5) if cfg.steps >= 3 else 0   # steps before the measured window
@@ -198,7 +203,8 @@ def _build(cfg: SimConfig, trace: TraceWriter) -> _Sim:
     clock = VirtualClock()
     rcfg = RolloutConfig(mode=cfg.mode, train_batch=cfg.train_batch, rollout_batch=cfg.rollout_batch,
                          group_size=cfg.group_size, max_staleness=cfg.max_staleness,
-                         versions_per_instance=cfg.versions_per_instance, **cfg.rollout).resolved()
+                         versions_per_instance=cfg.versions_per_instance, fast_lanes=cfg.fast_lanes,
+                         **cfg.rollout).resolved()
     prompts = PromptSource(workload, cfg.group_size, cfg.seed)
     holder: dict[str, RolloutController] = {}
     on_finished = _dropping(holder, cfg)       # one for all instances (one filter, one seeded stream)
@@ -273,7 +279,8 @@ def _results(sim: _Sim, warm: int, snap: dict[str, float], end: dict[str, float]
         "c1_violations": summary["c1_violations"], "c2_violations": summary["c2_violations"],
         "c3_violations": summary["c3_violations"],
         "versions_live_max": max(m.versions_live for m in sm),
-        "migrated_requests": summary["migrated_requests"], "reprefill_tokens": summary["reprefill_tokens"],
+        "migrated_requests": summary["migrated_requests"], "fast_lane_requests": summary["fast_lane_requests"],
+        "reprefill_tokens": summary["reprefill_tokens"],
         "weight_loads": summary["weight_loads"], "rebalances": summary["rebalances"],
         "total_time_s": end["t"], "trajectories_trained": summary["trained"],
         "in_flight_at_end": summary["in_flight_at_end"], "finished_untrained": summary["finished_untrained"],

@@ -8,7 +8,8 @@ What it draws, and the hooks a test reads:
   #replicas    a table row per replica: state, version, running, queued, KV use, tokens/s
   #timeline    a row per generate replica, `rect.seg[data-version]` coloured by version,
                `path.load` per weight load, `path.mig` per migration (out: up, in: down)
-  #curves      reward, tokens/s, staleness (max, mean), step time, rollout-only share, versions live
+  #curves      reward, tokens/s, staleness (max, mean), step time, rollout-only share, versions live,
+               requests migrated (and into fast lanes)
   body[data-updates]  how many snapshots were drawn (the page polls every POLL_MS)
 """
 
@@ -210,6 +211,7 @@ const CURVES = [
   ['step time (s)', [['step_time_s', 'step time']]],
   ['rollout-only share', [['rollout_only_share', 'trainer waiting']]],
   ['versions live', [['versions_live', 'versions']]],
+  ['requests moved', [['migrated_requests', 'migrated'], ['fast_lane_requests', 'into fast lanes']]],
   ['multi-turn', [['turns_mean', 'turns mean'], ['tool_wait_s', 'tool wait s']]],
 ];
 const LINE_COLOURS = ['#3f6fa8', '#c8741f'];

@@ -180,8 +180,9 @@ class Dispatcher:
             m.place(n, reqs)
             m.instances[n].submit(reqs)
 
-    def migrate(self, src: str, uids: list[str], dests: list[str]) -> int:
-        """Move requests of one version from src to the least-loaded of dests (each holds that version)."""
+    def migrate(self, src: str, uids: list[str], dests: list[str], lane: bool = False) -> int:
+        """Move requests of one version from src to the least-loaded of dests (each holds that version);
+        `lane`: they move into fast lanes (counted as such)."""
         m = self.m
         if not uids or not dests:
             return 0
@@ -204,7 +205,7 @@ class Dispatcher:
         now = self.clock.now()
         self.trace.instant("orchestrator", "migrations", f"migrate v{version}", now,
                            src=src, dests=sorted(per), requests=len(states), kv_bytes=kv)
-        self.ledger.count_migration(len(states), kv)
+        self.ledger.count_migration(len(states), kv, lane)
         return len(states)
 
     # -- weights ------------------------------------------------------------------------------------

@@ -59,10 +59,11 @@ class Orchestrator:
         self.migrate = dispatcher.migrate
 
     def rebalance(self, newest: int, inject: int, spread: dict[int, int] | None = None,
-                  newest_floor: int = 1) -> dict[str, int]:
-        """`spread`: versions whose stragglers must be sped up -> at most this many requests per
-        instance for them, on instances taken from the newest version's share but never below
-        `newest_floor` instances (what keeps the trainer fed)."""
+                  newest_floor: int = 1, lanes_cap: int = -1) -> dict[str, int]:
+        """`spread`: versions whose stragglers need fast lanes (FastLanes.plan) -> at most this many
+        requests per instance for them, on instances taken from the newest version's share but never
+        below `newest_floor` instances (what keeps the trainer fed), and never more instances for
+        them all than `lanes_cap` (-1: no cap)."""
         m = self.m
         # lent trainer devices (elastic) are extra instances of the newest version, outside the partition
         regular = {n: i for n, i in m.instances.items() if n not in m.lent}
@@ -83,6 +84,8 @@ class Orchestrator:
         # batches (faster tokens), oldest (earliest deadline) first, taken from the newest
         # version's share but never below newest_floor
         room = targets.get(newest, 0) - max(1, newest_floor)
+        if lanes_cap >= 0:
+            room = min(room, lanes_cap - sum(targets.get(v, 0) for v in spread))
         want: dict[int, int] = {}
         for v, b in sorted(spread.items()):
             have = targets.get(v, 0)
@@ -170,7 +173,7 @@ class Orchestrator:
                     k = m.load(n) - cap
                     if k <= 0 or not under:
                         break
-                    moved += self.migrate(n, m.requests_of(n, v)[-k:], under)
+                    moved += self.migrate(n, m.requests_of(n, v)[-k:], under, lane=True)   # into fast lanes
                     under = [u for u in under if m.load(u) < cap]
                 continue
             # requests in a tool wait hold no slot: they neither make an instance over nor fill one
