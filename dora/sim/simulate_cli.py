@@ -41,8 +41,8 @@ class _BadArgs(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="dora simulate", description="Simulate rollout modes (sync, one_step_off, partial, dora) "
-                "on a virtual cluster with the real orchestrator code.")
+    p = _Parser(prog="dora simulate", description="Simulate rollout modes (sync, one_step_off, partial, dora, the "
+                "published partial baselines) on a virtual cluster with the real orchestrator code.")
     p.add_argument("--workload", default="dapo-math", help=f"built-in workload: {', '.join(WORKLOADS)}")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="JSONL of {prompt_tokens, response_tokens} to resample instead of --workload")
