@@ -58,6 +58,19 @@ def check_metrics(run: RunDir, steps: int, train_batch: int) -> None:
         assert r["reward_mean"] is not None and 0.0 <= r["reward_mean"] <= 1.0
         assert r["tokens"] > 0 and r["tokens_per_s"] > 0 and r["step_time_s"] > 0
         assert r["loss"] is not None and math.isfinite(r["loss"]), f"step {r['step']}: loss {r['loss']}"
+    check_length_trace(run)
+
+
+def check_length_trace(run: RunDir) -> None:
+    """RUN_DIR/length_trace.jsonl: a line per step metrics.jsonl has, with the trajectories it trained
+    in whole groups (single-turn lengths add up to the step's tokens)."""
+    lines = [json.loads(x) for x in (run.path / "length_trace.jsonl").read_text().splitlines() if x.strip()]
+    assert [x["step"] for x in lines] == [r["step"] for r in run.metrics], run.describe()
+    for x, r in zip(lines, run.metrics):
+        assert sum(len(g["responses"]) for g in x["groups"]) == r["trajectories"]
+        assert len({len(g["responses"]) for g in x["groups"]}) == 1, "groups of different sizes"
+        if all(isinstance(n, int) for g in x["groups"] for n in g["responses"]):
+            assert sum(g["prompt_tokens"] * len(g["responses"]) + sum(g["responses"]) for g in x["groups"]) == r["tokens"]
 
 
 def check_accounting(run: RunDir, steps: int, train_batch: int) -> None:

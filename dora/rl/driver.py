@@ -37,6 +37,7 @@ from dora.rl.roles import RLRoles
 from dora.rl.shared_devices import SharedDevices
 from dora.rl.rollout import Finished, RolloutConfig, RolloutController
 from dora.rl.step_record import driver_step_record
+from dora.rl.length_trace import LengthTrace, length_trace_path
 from dora.rl.multiturn_reports import MultiTurnReports, turn_trace_path
 from dora.rl.trainer_feed import TrainerFeed
 from dora.runtime.errors import RunFailed
@@ -62,6 +63,7 @@ class RLDriver:
         self.rc: RolloutController | None = None
         self.clock = RunClock()
         self.multiturn = MultiTurnReports(self.clock, self.trace, turn_trace_path(metrics))
+        self.lengths = LengthTrace(length_trace_path(metrics))   # RUN_DIR/length_trace.jsonl
         self.prompts = PromptFeed(self.graph.nodes[roles.dataset].replicas, self.cfg.group_size, self.cfg.rollout_batch)
         self.feed = TrainerFeed()
         self.weight_paths: dict[int, str] = {}
@@ -278,6 +280,7 @@ class RLDriver:
         # The rollout controller numbers a step by the trainer version it starts from.
         self._rc().on_trained(version - 1, version, [str(u) for u in ev.get("uids", sent["uids"])])
         rec = driver_step_record(self, step, version, sent, ev, now)
+        self.lengths.write(step, sent, self.multiturn.take_turns)
         self.metrics.write(rec)
         self.progress.step(rec)
         self.steps_done = step

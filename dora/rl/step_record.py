@@ -63,4 +63,6 @@ def batch_summary(uids: list[str], rows: list[dict[str, Any]], sent_at: float) -
     rewards = [float(r["reward"]) for r in rows if r.get("reward") is not None]
     return {"uids": uids, "sent_at": sent_at, "reward_mean": sum(rewards) / len(rewards) if rewards else None,
             "tokens": sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows),
-            "response_tokens": [len(r["response_ids"]) for r in rows]}
+            "response_tokens": [len(r["response_ids"]) for r in rows],
+            "lengths": [(str(r["uid"]), str(r.get("group_id")), len(r["prompt_ids"]), len(r["response_ids"]))
+                        for r in rows]}   # (RUN_DIR/length_trace.jsonl: dora/rl/length_trace.py)

@@ -36,7 +36,7 @@ from dora.rl.rollout.types import Finished
 from .virtual_clock import VirtualClock
 from .costmodel import CostModel
 from .hosted_versions import HostedVersions
-from .workloads import Turns
+from .workload_base import Turns
 
 
 ADMIT_WATERMARK = 0.95     # admit while used KV + the new prompt stays below this fraction

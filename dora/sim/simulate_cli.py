@@ -2,6 +2,7 @@
 
     dora simulate --workload dapo-math --model qwen2.5-32b --gpus 64 \
         --modes sync,one_step_off,partial,dora --steps 20 --seed 0 --json out.json [--out DIR]
+    dora simulate --trace RUN_DIR/length_trace.jsonl --sweep-k 1,2,3,5,10   # which K, on a run's lengths
 
 Prints a table and (with --json) writes a JSON array: one object per mode, then the `ideal` row.
 --out DIR writes a run folder per mode (DIR/<mode>: metrics.jsonl, summary.json, trace.json,
@@ -25,6 +26,7 @@ MODES = POLICIES.names()   # every rollout mode, in listing order
 from .costmodel import MODELS, CostModel
 from .simulator import (DEFAULT_FAST_LANES, DEFAULT_VERSIONS, SimConfig, SimulationError, ideal, placement,
                         simulate, versions_problem)
+from .sweep_k import parse_ks, print_sweep, sweep
 from .workloads import WORKLOADS, WorkloadError, get_workload
 
 KEYS = ("mode", "step_time_s", "tokens_per_s", "rollout_only_fraction", "bubble_fraction", "staleness_max",
@@ -52,10 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-staleness", type=int, default=3, help="K for dora and partial")
-    p.add_argument("--train-batch", type=int, default=8192, help="TBS, trajectories per training step")
+    p.add_argument("--train-batch", type=int, default=None,
+                   help="TBS, trajectories per training step (default 8192; with a run's length trace, its steps')")
     p.add_argument("--rollout-batch", type=int, default=0,
                    help="RBS, trajectories kept in flight (dora/partial; 0 = 1.5 x TBS)")
-    p.add_argument("--group-size", type=int, default=16, help="G, responses per prompt")
+    p.add_argument("--group-size", type=int, default=None,
+                   help="G, responses per prompt (default 16; with a run's length trace, its groups')")
+    p.add_argument("--sweep-k", default=None, metavar="K,K,...",
+                   help="for each K: dora and each partial baseline beside sync and the ideal; names the smallest "
+                        "K reaching 90%% of the ideal (--modes is not used)")
+    p.add_argument("--jobs", type=int, default=1, help="simulations run at once with --sweep-k (one process each)")
     p.add_argument("--train-gpus", type=int, default=0, help="trainer pool size for disaggregated modes (0 = balanced)")
     p.add_argument("--drop-groups", type=float, default=0.0, metavar="P",
                    help="fraction of finished groups a filter drops (DAPO dynamic sampling); replaced by new prompts")
@@ -92,7 +100,9 @@ def _configs(a: argparse.Namespace) -> list[SimConfig]:
         raise _BadArgs(f"--train-gpus {a.train_gpus}: must leave at least one rollout group of {tp} GPUs out of {a.gpus}")
     if not 0 <= a.drop_groups < 1:
         raise _BadArgs(f"--drop-groups {a.drop_groups}: must be in [0, 1)")
-    _check_versions(a, get_workload(a.workload, a.trace))   # WorkloadError -> exit 2
+    workload = get_workload(a.workload, a.trace)            # WorkloadError -> exit 2
+    _sizes_from(a, workload)
+    _check_versions(a, workload)
     out = []
     for m in modes:
         c = SimConfig(mode=m, model=a.model, gpus=a.gpus, steps=a.steps, seed=a.seed, train_batch=a.train_batch,
@@ -104,6 +114,18 @@ def _configs(a: argparse.Namespace) -> list[SimConfig]:
         _check_lanes(c)
         out.append(c)
     return out
+
+
+def _sizes_from(a: argparse.Namespace, workload) -> None:
+    """Train batch and group size: as given, else a length trace's (its smallest step, its groups), else
+    the paper's; a length trace refuses a batch larger than its steps or another group size."""
+    trace_g = getattr(workload, "group_size", None)
+    if a.group_size is None:
+        a.group_size = trace_g or 16
+    if a.train_batch is None:
+        a.train_batch = workload.per_step - workload.per_step % a.group_size if trace_g else 8192
+    if trace_g:
+        workload.check(a.train_batch, a.group_size)
 
 
 def _check_versions(a: argparse.Namespace, workload) -> None:
@@ -158,13 +180,18 @@ def _print_table(rows: list[dict[str, Any]], title: str) -> None:
 def simulate_main(argv: list[str] | None = None) -> int:
     try:
         a = build_parser().parse_args(argv)
+        ks = parse_ks(a.sweep_k) if a.sweep_k is not None else None
+        if ks:
+            a.modes = "dora"
         configs = _configs(a)
     except _BadArgs as e:
         print(f"dora simulate: error: {e}", file=sys.stderr)
         return 2
-    except (RolloutConfigError, WorkloadError) as e:
+    except (RolloutConfigError, WorkloadError, ValueError) as e:
         print(f"dora simulate: error: {e}", file=sys.stderr)
         return 2
+    if ks:
+        return _sweep_main(a, configs[0], ks)
     rows: list[dict[str, Any]] = []
     for c in configs:
         trace = TraceWriter(enabled=bool(a.trace_out or a.out))
@@ -202,15 +229,31 @@ def simulate_main(argv: list[str] | None = None) -> int:
     rows.append(best)
     _print_table(rows, f"{configs[0].model}, {a.gpus} GPUs, {a.train_batch} trajectories/step (G={a.group_size}), "
                        f"K={a.max_staleness}, {a.steps} steps, {configs[0].workload if not a.trace else a.trace}")
-    if a.json:
+    return _write_json(a.json, rows)
+
+
+def _write_json(path: str | None, rows: list[dict[str, Any]]) -> int:
+    """--json FILE: the rows as a JSON array; 0, or 2 when it cannot be written."""
+    if path:
         try:
-            os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-            with open(a.json, "w") as f:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            with open(path, "w") as f:
                 json.dump(rows, f, indent=1)
         except OSError as e:
-            print(f"dora simulate: error: cannot write {a.json}: {e.strerror}", file=sys.stderr)
+            print(f"dora simulate: error: cannot write {path}: {e.strerror}", file=sys.stderr)
             return 2
     return 0
+
+
+def _sweep_main(a: argparse.Namespace, base: SimConfig, ks: list[int]) -> int:
+    try:
+        rows = sweep(base, ks, max(1, a.jobs))
+    except SimulationError as e:
+        print(f"dora simulate: the K sweep failed: {e}", file=sys.stderr)
+        return 1
+    print_sweep(rows, f"{base.model}, {a.gpus} GPUs, {a.train_batch} trajectories/step (G={a.group_size}), "
+                      f"{a.steps} steps, {a.trace or a.workload}: dora per K against sync and the partial baselines")
+    return _write_json(a.json, rows)
 
 
 if __name__ == "__main__":

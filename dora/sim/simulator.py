@@ -181,8 +181,10 @@ def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) ->
         raise ValueError(f"unknown model {cfg.model!r}; expected one of {', '.join(MODELS)}")
     if cfg.steps < 1:
         raise ValueError(f"--steps must be >= 1, got {cfg.steps}")
-    problem = versions_problem(CostModel(MODELS[cfg.model]), get_workload(cfg.workload, cfg.trace_file),
-                               cfg.versions_per_instance)
+    workload = get_workload(cfg.workload, cfg.trace_file)
+    if hasattr(workload, "check"):            # a run's length trace: its steps and groups bound ours
+        workload.check(cfg.train_batch, cfg.group_size)
+    problem = versions_problem(CostModel(MODELS[cfg.model]), workload, cfg.versions_per_instance)
     if problem:
         raise ValueError(f"versions_per_instance {cfg.versions_per_instance}: {problem}")
     sim = _build(cfg, trace or TraceWriter(enabled=False))
