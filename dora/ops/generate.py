@@ -61,6 +61,7 @@ OUTPUT_COLUMNS = ("response_ids", "response_text", "behavior_logprobs", "token_v
 # The trainer reports a version only after broadcasting it, so it is normally here at once;
 # past this wait the replica loads the version's file instead.
 BROADCAST_WAIT_S = 10.0
+STEP_S_EMA = 0.2      # weight of the newest iteration in stats()' step_s (about the last five)
 
 
 class GenerateOp(Operator):
@@ -86,6 +87,7 @@ class GenerateOp(Operator):
         self.in_flight: set[str] = set()           # uids submitted or imported here, not yet finished or handed on
         self.kv_reported = dict.fromkeys(PARKED_KV_COUNTERS, 0)
         self.waits_reported: set[str] = set()      # uids in a tool wait at the last `tool_waits` event
+        self.step_s = 0.0                          # seconds per engine iteration lately (0: not measured yet)
         if p["weight_sync"] == "broadcast" and not ctx.run_dir:
             raise ValueError(f"{ctx.label}: weight_sync: broadcast needs a run_dir (the rendezvous file is there)")
         self.receiver = None
@@ -127,7 +129,10 @@ class GenerateOp(Operator):
         return self.engine.has_work() or (self.agent is not None and self.agent.has_work())
 
     def poll(self) -> Iterable[pa.RecordBatch]:
+        t0, working = time.perf_counter(), self.engine.has_work()
         done = [c for c in self.engine.step() if c.finish_reason != "abort"]
+        if working:
+            self._time_step(time.perf_counter() - t0)
         if self.agent is not None:   # finished turns go on to tools; only ended trajectories come back
             done = self.agent.advance(done)
             self._report_waits()
@@ -150,6 +155,11 @@ class GenerateOp(Operator):
                 kv = dict.fromkeys(kv, 0)   # (counted once per poll)
             self.ctx.report(event)
         return [self.rows(done)]
+
+    def _time_step(self, seconds: float) -> None:
+        """The engine iteration's time, averaged over the last few that had work (stats() `step_s`:
+        the rollout control code fits how decode time grows with the batch from it)."""
+        self.step_s = seconds if not self.step_s else STEP_S_EMA * seconds + (1 - STEP_S_EMA) * self.step_s
 
     def _report_waits(self) -> None:
         """A `tool_waits` event whenever the set of trajectories waiting on a tool changed: the
@@ -263,7 +273,7 @@ class GenerateOp(Operator):
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = self.engine.stats().to_dict()
-        out.update(hosted=self.engine.hosted_versions(), max_versions=self.max_versions)
+        out.update(hosted=self.engine.hosted_versions(), max_versions=self.max_versions, step_s=self.step_s)
         if self.agent is not None:   # trajectories whose tools are running (they hold no decode slot)
             out["tool_waiting"] = len(self.agent.waiting)
         return out

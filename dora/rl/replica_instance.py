@@ -149,4 +149,4 @@ class ReplicaInstance:
         cap = max(1, int(s.get("kv_tokens_capacity") or 0))
         return InstanceStats(active=int(s.get("active", 0)), queued=int(s.get("queued", 0)), slots=self.slots,
                              kv_used_fraction=float(s.get("kv_tokens_used", 0)) / cap,
-                             tool_waiting=int(s.get("tool_waiting", 0)))
+                             step_s=float(s.get("step_s") or 0.0), tool_waiting=int(s.get("tool_waiting", 0)))
