@@ -58,6 +58,7 @@ def check_metrics(run: RunDir, steps: int, train_batch: int) -> None:
         assert r["reward_mean"] is not None and 0.0 <= r["reward_mean"] <= 1.0
         assert r["tokens"] > 0 and r["tokens_per_s"] > 0 and r["step_time_s"] > 0
         assert r["loss"] is not None and math.isfinite(r["loss"]), f"step {r['step']}: loss {r['loss']}"
+        assert 0 <= r["fast_lane_requests"] <= r["migrated_requests"]
     check_length_trace(run)
 
 
