@@ -285,3 +285,17 @@ def test_every_shipped_workload_runs_with_its_invariants(name):
     r = simulate(small("dora", workload=name, steps=4, kv_tokens=400000))
     assert r["lost"] == 0 and r["c1_violations"] == r["c2_violations"] == r["c3_violations"] == 0
     assert r["trajectories_trained"] == 4 * 64
+
+
+def test_offloaded_preemptions_keep_their_kv_in_host_memory():
+    """SimConfig.kv_offload: a preempted request's KV goes to host memory and comes back (kv_import_s)
+    instead of being recomputed on readmission (re-prefill); nothing is lost either way."""
+    engines = {}
+    for offload in (False, True):
+        r = simulate(small("dora", steps=3, kv_tokens=12000, kv_offload=offload),
+                     observer=lambda c, t, inst, o=offload: engines.__setitem__(o, inst))
+        assert r["preemptions"] > 0 and r["lost"] == r["c1_violations"] == 0
+        assert r["trajectories_trained"] == 3 * 64
+    recompute, offload = engines[False], engines[True]
+    assert sum(i.reprefill_tokens for i in recompute) > 0 and sum(i.reprefill_tokens for i in offload) == 0
+    assert sum(i.kv_import_s for i in offload) > sum(i.kv_import_s for i in recompute)

@@ -59,6 +59,7 @@ class SimConfig:
     elastic: bool = False           # trainer devices serve rollout while the trainer waits (every mode; sync has none)
     versions_per_instance: int = DEFAULT_VERSIONS   # M: versions one rollout instance may host at once
     fast_lanes: int = DEFAULT_FAST_LANES            # instances fast lanes may take (-1: as measured, 0: none)
+    kv_offload: bool = False        # preempted requests' KV goes to host memory instead of being recomputed
 
 
 def versions_problem(cost: CostModel, workload: Workload, versions: int) -> str | None:
@@ -215,6 +216,7 @@ def _build(cfg: SimConfig, trace: TraceWriter) -> _Sim:
         i.slots = cfg.max_batch or i.slots
         i.kv_capacity = cfg.kv_tokens or i.kv_capacity
         i.hv.limit = cfg.versions_per_instance
+        i.offload_preempted = cfg.kv_offload
     ctl = holder["c"] = RolloutController(rcfg, instances, prompts, clock, trace)
 
     def colocation_check() -> None:
@@ -227,6 +229,7 @@ def _build(cfg: SimConfig, trace: TraceWriter) -> _Sim:
     for i in lendable:
         i.slots = cfg.max_batch or i.slots
         i.hv.limit = cfg.versions_per_instance
+        i.offload_preempted = cfg.kv_offload
     elastic = ElasticDevices(ctl, cost, clock, train_gpus, lendable)
     trainer.blocked = elastic.blocked
     return _Sim(cfg, cost, clock, ctl, trainer, instances, lendable, elastic, train_gpus, colocated)
@@ -282,10 +285,12 @@ def _results(sim: _Sim, warm: int, snap: dict[str, float], end: dict[str, float]
         "c3_violations": summary["c3_violations"],
         "versions_live_max": max(m.versions_live for m in sm),
         "migrated_requests": summary["migrated_requests"], "fast_lane_requests": summary["fast_lane_requests"],
+        "siblings_started_newest": summary["siblings_started_newest"],
         "reprefill_tokens": summary["reprefill_tokens"],
         "weight_loads": summary["weight_loads"], "rebalances": summary["rebalances"],
         "total_time_s": end["t"], "trajectories_trained": summary["trained"],
         "in_flight_at_end": summary["in_flight_at_end"], "finished_untrained": summary["finished_untrained"],
         "lost": summary["lost"], "dropped": summary["dropped"], "elastic": bool(sim.lendable),
-        "elastic_lends": sim.elastic.lends, "per_step": [m.to_dict() for m in sm],
+        "elastic_lends": sim.elastic.lends, "preemptions": sum(i.preemptions for i in sim.instances + sim.lendable),
+        "per_step": [m.to_dict() for m in sm],
     }

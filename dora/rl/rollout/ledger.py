@@ -75,7 +75,7 @@ class Ledger:
         self.kv = dict.fromkeys(PARKED_KV_COUNTERS, 0)          # interval sums of the engines' parked-KV counters
         self.totals = {"migrated_requests": 0, "migrated_kv_bytes": 0, "fast_lane_requests": 0, "reprefill_tokens": 0,
                        "weight_loads": 0, "rebalances": 0, "retagged_requests": 0, "rollout_only_s": 0.0,
-                       "dropped_unknown": 0}
+                       "dropped_unknown": 0, "siblings_started_newest": 0}
 
     # -- dispatch and completion ---------------------------------------------------------------
     def sent(self, grp: list[Request], version: int, now: float) -> None:
