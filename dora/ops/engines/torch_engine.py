@@ -65,7 +65,8 @@ class TorchEngine(Engine):
         self._allocate_kv()
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.generated_tokens = 0
-        self.asleep = False                # sleep(): weights and KV released
+        self.asleep = False                # sleep(): weights and KV released (or kept, with the graphs)
+        self.kept_memory = False           # asleep, the graphs and what they point to kept
         self.needs_weights = False         # woken: weights allocated, not loaded yet
 
     # ------------------------------------------------------------------ requests in
@@ -212,9 +213,15 @@ class TorchEngine(Engine):
         """An older version whose last request here left goes (paged/weight_slots.py)."""
         self.slots.retire_idle(self.sched, self.keep_versions())
 
-    def sleep(self) -> int:
-        """Release the weights and the KV cache (on CUDA the captured graphs and the allocator's
-        cache too, so the memory really goes back); parked requests are dropped."""
+    def sleep(self, keep_graphs: bool = False) -> int:
+        """Hand the memory back; parked requests are dropped, the prefix cache forgotten. Full
+        (async.elastic lends the trainer's own devices): the weights, the KV cache and on CUDA the
+        captured graphs and the allocator's cache go; the first decode after wake captures again.
+        keep_graphs (a replica sharing its device by declared memory shares, dora/rl/shared_devices.py:
+        the trainer's allocator is capped at its own share, so this one's would serve no one): what
+        the captured graphs point to (weights, KV tensor, graph pool) stays, so the graphs survive and
+        nothing is captured again; only the allocator's cache goes. With no graphs captured (CPU) there
+        is nothing to keep and keep_graphs sleeps fully."""
         if self.has_work():
             raise RuntimeError(f"torch engine: sleep() with {self.sched.active} running and {len(self.sched.waiting)} "
                                "queued requests; export them first")
@@ -222,21 +229,39 @@ class TorchEngine(Engine):
             return 0
         while self.sched.parked:
             self.sched.drop_oldest_parked()
-        self.runner.drop_graphs()
-        freed = self.slots.release_all() + self.runner.kv.release()
+        self.sched.pool.forget_all()
+        self.kept_memory = keep_graphs and self.runner.has_graphs()
+        if self.kept_memory:
+            self.slots.unhost_all()
+            freed = 0
+        else:
+            self.runner.drop_graphs()
+            freed = self.slots.release_all() + self.runner.kv.release()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.asleep = True
         return freed
 
     def wake(self) -> int:
-        """Allocate the weights and the KV cache again (weights undefined until load_weights)."""
+        """Allocate the weights and the KV cache again, unless sleep kept them (weights undefined
+        until load_weights either way). Returns the bytes allocated."""
         if not self.asleep:
             return 0
-        allocated = W.allocate(self.runner.slots[0].model, self.runner.shapes)
-        self._allocate_kv()
-        self.asleep, self.needs_weights = False, True
-        return allocated + self.runner.kv.nbytes
+        allocated = 0
+        if not self.kept_memory:
+            allocated = W.allocate(self.runner.slots[0].model, self.runner.shapes)
+            self._allocate_kv()
+            allocated += self.runner.kv.nbytes
+        self.asleep, self.needs_weights, self.kept_memory = False, True, False
+        return allocated
+
+    def warm_up(self) -> None:
+        """Capture the decode graphs of every hosted version and compile the attention kernel's
+        variants now, instead of at the first requests (benchmarks time no compile this way)."""
+        self._check_awake("warm_up")
+        if self.has_work():
+            raise RuntimeError("torch engine: warm_up() with requests in flight")
+        self.runner.warm_up(self.sched.pool)
 
     def _allocate_kv(self) -> None:
         blocks = 1 + initial_blocks(self.device, self.budget)
@@ -272,7 +297,9 @@ class TorchEngine(Engine):
         self.generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
 
     def stats(self) -> EngineStats:
-        return self.sched.stats(budget=self.budget, version=self.version, generated_tokens=self.generated_tokens)
+        st = self.sched.stats(budget=self.budget, version=self.version, generated_tokens=self.generated_tokens)
+        st.graph_captures = self.runner.graph_captures
+        return st
 
 
 def _by_slot(items: list, slot_of, slots: int) -> dict[int, list]:
