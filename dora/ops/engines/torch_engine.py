@@ -61,7 +61,8 @@ class TorchEngine(Engine):
                                     weight_copies=self.max_versions)
         self.sched = Scheduler(BlockPool(2, self.block_size), max_batch=self.max_batch,
                                max_prefill_tokens=int(max_prefill_tokens), version_of=lambda i: self.runner.slots[i].version,
-                               grow=self._grow, write_kv=self._write_kv)
+                               grow=self._grow, write_kv=self._write_kv,
+                               copy_kv=lambda src, dst, n: self.runner.kv.copy_slots(src, dst, n))
         self._allocate_kv()
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.generated_tokens = 0

@@ -13,6 +13,12 @@ for it rather than computing it again. Freed blocks keep their hash and go to th
 free list, so the least recently freed is reused first and a prefix freed a moment ago is still
 found.
 
+Tails: a context's last, partial block cannot be shared (its holder writes its next tokens there),
+but its KV can be copied. The block holding a request's tail is findable by the tail's chained
+hash (`register_tail`, ready once prefilled); a twin with the same full blocks and tail copies
+those slots into a block of its own instead of computing them: a GRPO group of short prompts
+(shorter than a block) computes its prompt once too.
+
 Sized for millions of blocks: building or growing the pool is a few array allocations, never a
 loop over its blocks. Ref counts and ready flags are numpy arrays; blocks never held yet are a
 range (`fresh`: handed out first, they hold no cached prefix); only blocks that were held and
@@ -47,6 +53,8 @@ class BlockPool:
         self.hash_of: dict[int, int] = {}                # block -> its chained hash (blocks in the prefix cache)
         self.tokens_of: dict[int, tuple[int, ...]] = {}  # the block's tokens, to rule out hash collisions
         self.by_hash: dict[int, int] = {}
+        self.tails: dict[int, int] = {}                  # tail hash -> the block whose first slots hold that tail
+        self.tail_of: dict[int, tuple[int, tuple[int, ...]]] = {}   # block -> (its tail hash, the tail's tokens)
         self.fresh = TRASH_BLOCK + 1                     # blocks fresh.. were never held: free, caching nothing
         self.freed: collections.OrderedDict[int, None] = collections.OrderedDict()   # held once, free now; oldest first
         self.grow(num_blocks)
@@ -114,6 +122,24 @@ class BlockPool:
             found.append(b)
         return found, False
 
+    def match_tail(self, h: int, tokens: tuple[int, ...]) -> tuple[int | None, bool]:
+        """The block holding this tail's KV in its first slots (None: none known), and whether it
+        is being computed right now (then the caller waits for it)."""
+        b = self.tails.get(h)
+        if b is None or self.tail_of[b][1] != tokens:
+            return None, False
+        return (b, False) if self.ready[b] else (None, True)
+
+    def register_tail(self, b: int, h: int, tokens: tuple[int, ...]) -> None:
+        """Block b will hold the tail with chained hash h in its first slots (ready: tail_ready)."""
+        self._forget(b)
+        self.tail_of[b] = (h, tokens)
+        self.tails.setdefault(h, b)
+
+    def tail_ready(self, b: int) -> None:
+        if b in self.tail_of:
+            self.ready[b] = True
+
     def free_among(self, blocks: list[int]) -> int:
         return sum(1 for b in blocks if self.refs[b] == 0)
 
@@ -131,6 +157,9 @@ class BlockPool:
         if h is not None and self.by_hash.get(h) == b:
             del self.by_hash[h]
         self.tokens_of.pop(b, None)
+        tail = self.tail_of.pop(b, None)
+        if tail is not None and self.tails.get(tail[0]) == b:
+            del self.tails[tail[0]]
         self.ready[b] = False
 
     def forget_all(self) -> None:
@@ -138,4 +167,6 @@ class BlockPool:
         self.hash_of.clear()
         self.tokens_of.clear()
         self.by_hash.clear()
+        self.tails.clear()
+        self.tail_of.clear()
         self.ready[:] = False
