@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from .engine import Completion, Engine, EngineStats, SamplingRequest, SequenceState
-from .paged import hf_weights as W
+from .paged import hf_weights as W, sleep_wake
 from .paged.blocks import BlockPool
 from .paged.checks import check_kv, check_request
 from .paged.kv_budget import budget_blocks, initial_blocks
@@ -63,7 +63,7 @@ class TorchEngine(Engine):
                                max_prefill_tokens=int(max_prefill_tokens), version_of=lambda i: self.runner.slots[i].version,
                                grow=self._grow, write_kv=self._write_kv,
                                copy_kv=lambda src, dst, n: self.runner.kv.copy_slots(src, dst, n))
-        self._allocate_kv()
+        self.allocate_kv()
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.generated_tokens = 0
         self.asleep = False                # sleep(): weights and KV released (or kept, with the graphs)
@@ -215,46 +215,13 @@ class TorchEngine(Engine):
         self.slots.retire_idle(self.sched, self.keep_versions())
 
     def sleep(self, keep_graphs: bool = False) -> int:
-        """Hand the memory back; parked requests are dropped, the prefix cache forgotten. Full
-        (async.elastic lends the trainer's own devices): the weights, the KV cache and on CUDA the
-        captured graphs and the allocator's cache go; the first decode after wake captures again.
-        keep_graphs (a replica sharing its device by declared memory shares, dora/rl/shared_devices.py:
-        the trainer's allocator is capped at its own share, so this one's would serve no one): what
-        the captured graphs point to (weights, KV tensor, graph pool) stays, so the graphs survive and
-        nothing is captured again; only the allocator's cache goes. With no graphs captured (CPU) there
-        is nothing to keep and keep_graphs sleeps fully."""
-        if self.has_work():
-            raise RuntimeError(f"torch engine: sleep() with {self.sched.active} running and {len(self.sched.waiting)} "
-                               "queued requests; export them first")
-        if self.asleep:
-            return 0
-        while self.sched.parked:
-            self.sched.drop_oldest_parked()
-        self.sched.pool.forget_all()
-        self.kept_memory = keep_graphs and self.runner.has_graphs()
-        if self.kept_memory:
-            self.slots.unhost_all()
-            freed = 0
-        else:
-            self.runner.drop_graphs()
-            freed = self.slots.release_all() + self.runner.kv.release()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        self.asleep = True
-        return freed
+        """Hand the memory back, only when idle; keep_graphs: keep what the captured graphs point to
+        (paged/sleep_wake.py says what goes and what stays). Returns the bytes released."""
+        return sleep_wake.sleep(self, keep_graphs)
 
     def wake(self) -> int:
-        """Allocate the weights and the KV cache again, unless sleep kept them (weights undefined
-        until load_weights either way). Returns the bytes allocated."""
-        if not self.asleep:
-            return 0
-        allocated = 0
-        if not self.kept_memory:
-            allocated = W.allocate(self.runner.slots[0].model, self.runner.shapes)
-            self._allocate_kv()
-            allocated += self.runner.kv.nbytes
-        self.asleep, self.needs_weights, self.kept_memory = False, True, False
-        return allocated
+        """Take the memory again (weights undefined until load_weights); the bytes allocated."""
+        return sleep_wake.wake(self)
 
     def warm_up(self) -> None:
         """Capture the decode graphs of every hosted version and compile the attention kernel's
@@ -264,7 +231,8 @@ class TorchEngine(Engine):
             raise RuntimeError("torch engine: warm_up() with requests in flight")
         self.runner.warm_up(self.sched.pool)
 
-    def _allocate_kv(self) -> None:
+    def allocate_kv(self) -> None:
+        """A fresh KV tensor of the budget's initial size and an empty block pool over it."""
         blocks = 1 + initial_blocks(self.device, self.budget)
         self.runner.kv = KVCache(self.spec, self.block_size, blocks, self.dtype, self.device)
         self.sched.pool = BlockPool(blocks, self.block_size)
