@@ -24,10 +24,12 @@ import pytest
 pytest.importorskip("triton")
 pytestmark = pytest.mark.triton
 CASES = [(4, 2, 16, 16, 1), (9, 3, 24, 16, 4), (8, 8, 64, 8, 2)]   # heads, kv_heads, head size, block size, splits
+BF16_CASES = CASES + [(32, 4, 64, 16, 1)]                          # + the 1.1B llama's attention shape
 
 
-def worst_errors() -> list[float]:
-    """Run in the interpreter process: max |kernel - reference| per case (NaN if a padded row is not zero)."""
+def worst_errors(device: str = "cpu") -> list[float]:
+    """Max |kernel - reference| per case (NaN if a padded row is not zero); on CPU run in the
+    interpreter process (tests/test_engine_gpu.py runs it on CUDA)."""
     import torch
 
     from dora.ops.engines.paged.attention import decode_reference, gather_plan
@@ -42,6 +44,7 @@ def worst_errors() -> list[float]:
         table = (torch.randperm(blocks - 1, generator=g)[:rows * width].view(rows, width) + 1).int()
         lens = torch.tensor([0, 1, 17, width * block_size, 33], dtype=torch.int32)
         q = torch.randn(rows, heads, dim, generator=g)
+        q, k, v, table, lens = (t.to(device) for t in (q, k, v, table, lens))
         got = paged_decode(q, k, v, table, lens, scale=dim ** -0.5, block_size=block_size, splits=splits)
         ref = decode_reference(q, k, v, *gather_plan(table, lens, block_size), dim ** -0.5, block_size)
         padded_ok = torch.equal(got[0], torch.zeros_like(got[0]))     # a padded row attends to nothing
@@ -67,17 +70,16 @@ def widen_bf16_dot_operands() -> None:
     interpreter.InterpreterBuilder.create_dot = create_dot
 
 
-def bf16_errors() -> list[list[float]]:
-    """Run in the interpreter process: per case, max |kernel - float32 attention| and max |SDPA in
-    bf16 - float32 attention| (NaN if a padded row is not zero), on bf16 q, K and V."""
+def bf16_errors(device: str = "cpu") -> list[list[float]]:
+    """Per case, max |kernel - float32 attention| and max |SDPA in bf16 - float32 attention| (NaN if
+    a padded row is not zero), on bf16 q, K and V; on CPU run in the interpreter process."""
     import torch
 
     from dora.ops.engines.paged.attention import decode_reference, gather_plan
     from dora.ops.engines.paged.triton_decode import paged_decode
 
-    widen_bf16_dot_operands()
     out = []
-    for heads, kv_heads, dim, block_size, splits in CASES + [(32, 4, 64, 16, 1)]:
+    for heads, kv_heads, dim, block_size, splits in BF16_CASES:
         g = torch.Generator().manual_seed(heads + dim)
         blocks, rows, width = 40, 5, 6
         k = torch.randn(blocks * block_size, kv_heads, dim, generator=g).bfloat16()
@@ -85,6 +87,7 @@ def bf16_errors() -> list[list[float]]:
         table = (torch.randperm(blocks - 1, generator=g)[:rows * width].view(rows, width) + 1).int()
         lens = torch.tensor([0, 1, 17, width * block_size, 33], dtype=torch.int32)
         q = torch.randn(rows, heads, dim, generator=g).bfloat16()
+        q, k, v, table, lens = (t.to(device) for t in (q, k, v, table, lens))
         plan = gather_plan(table, lens, block_size)
         got = paged_decode(q, k, v, table, lens, scale=dim ** -0.5, block_size=block_size, splits=splits)
         sdpa = decode_reference(q, k, v, *plan, dim ** -0.5, block_size)
@@ -128,6 +131,7 @@ def _interpreted(call: str):
 
 def kernel_checks() -> dict[str, list]:
     """Run in the interpreter process: both kernel checks (one process start for the two)."""
+    widen_bf16_dot_operands()
     return {"fp32": worst_errors(), "bf16": bf16_errors()}
 
 
@@ -145,7 +149,7 @@ def test_kernel_in_bf16_is_as_close_to_float32_as_sdpa_in_bf16(kernel):
     """Both round q.k and p.v to bf16 (8 bits of mantissa); the kernel accumulates in float32,
     so its error is at most SDPA's bf16 error plus the output's own rounding (outputs are below 4:
     half a bf16 step is 2^-7 there)."""
-    for (kernel_err, sdpa), case in zip(kernel["bf16"], CASES + [(32, 4, 64, 16, 1)]):
+    for (kernel_err, sdpa), case in zip(kernel["bf16"], BF16_CASES):
         assert kernel_err <= max(2 * sdpa, 2 ** -7), (case, kernel_err, sdpa)
 
 
