@@ -12,9 +12,10 @@
 # Steps, each under its own timeout (a device call may run 10 minutes at most):
 #   1. the wheels installed aside (/tmp/site) and put on PYTHONPATH with the checkout      ~5 s
 #   2. what the machine is: GPU, torch / triton / transformers versions                   ~10 s
-#   3. benchmarks/engine_gpu.py --budget $BUDGET (330): correctness, nano-vLLM's shape, decode ms,
+#   3. benchmarks/engine_gpu.py --budget $BUDGET (300): correctness, nano-vLLM's shape, decode ms,
 #      gpu_single.yaml sync and dora, then the rest as the budget allows                  <= BUDGET + 30 s
-#   4. the gpu test lane, `pytest -m gpu -k "not single"` (step 3 ran gpu_single)          <= LANE_S (120) s
+#   4. the gpu test lane, `pytest -m gpu -k "not single"` (step 3 ran gpu_single)          <= LANE_S (100) s
+# Worst case 60 + 60 + 330 + 100 = 550 s, under a device call's 590 s timeout; typically ~7 minutes.
 # Everything goes to $OUT (the device tool's output folder) or runs/gpu-day-one-DATE: engine_gpu.json,
 # engine_gpu.txt, lane.txt, machine.txt. The exit code is step 3's (0 when it ran), or 2 on bad use.
 set -uo pipefail
@@ -26,8 +27,8 @@ case "${1:-}" in
   *) echo "gpu_day_one: unknown argument ${1}; use: [--device cuda|cpu]" >&2; exit 2 ;;
 esac
 [[ "$DEVICE" == cuda || "$DEVICE" == cpu ]] || { echo "gpu_day_one: --device must be cuda or cpu, got $DEVICE" >&2; exit 2; }
-BUDGET="${BUDGET:-330}"
-LANE_S="${LANE_S:-120}"
+BUDGET="${BUDGET:-300}"
+LANE_S="${LANE_S:-100}"
 if [[ "$DEVICE" == cpu ]]; then BUDGET="${CPU_BUDGET:-120}"; fi
 DEST="${OUT:-runs/gpu-day-one-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$DEST"
