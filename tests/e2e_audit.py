@@ -48,10 +48,11 @@ class RunDir:
 
 
 def check_metrics(run: RunDir, steps: int, train_batch: int) -> None:
+    from dora.graph.builtin_ops import ENGINE_COUNTERS, ENGINE_GAUGES
     from dora.observe.metrics import REQUIRED_KEYS
     assert [r["step"] for r in run.metrics] == list(range(1, steps + 1)), run.describe()
     for r in run.metrics:
-        missing = [k for k in REQUIRED_KEYS if k not in r]
+        missing = [k for k in REQUIRED_KEYS + ENGINE_COUNTERS + ENGINE_GAUGES if k not in r]
         assert not missing, f"step {r['step']} lacks {missing}"
         assert r["policy_version"] == r["step"]
         assert r["trajectories"] == train_batch, f"step {r['step']} trained {r['trajectories']} != {train_batch}"

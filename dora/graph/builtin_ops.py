@@ -22,9 +22,13 @@ ACTIVATION_CHECKPOINTING = P("activation_checkpointing", "bool", False,
 
 
 # The columns a multi-turn generate (max_turns > 1) adds; types and meaning in dora/graph/columns.py.
-# multi-turn generate replicas: torch-engine counters each `finished` event carries as deltas (parked KV
-# dropped for memory, the context prefilled again for it), summed into per-step metrics (rl ledger)
-PARKED_KV_COUNTERS = ("parked_dropped", "continuation_reprefill_tokens")
+# generate replicas: engine counters each `finished` event carries as deltas since the replica's last
+# report (tokens prefilled, prompt tokens found in the prefix cache, parked KV dropped for memory and
+# the context prefilled again for it), summed into per-step metrics (rl ledger); and gauges it carries
+# as they are (KV blocks used and free, decode graphs captured so far), whose latest per replica the
+# ledger sums over replicas at each step
+ENGINE_COUNTERS = ("prefill_tokens", "prefix_hit_tokens", "parked_dropped", "continuation_reprefill_tokens")
+ENGINE_GAUGES = ("kv_blocks_used", "kv_blocks_free", "graph_captures")
 MULTITURN_COLUMNS = ("response_mask", "final_turn_text", "turns", "tool_calls", "tool_errors", "tool_wait_s")
 
 

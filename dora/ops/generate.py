@@ -47,7 +47,7 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
-from dora.graph.builtin_ops import MULTITURN_COLUMNS, PARKED_KV_COUNTERS
+from dora.graph.builtin_ops import ENGINE_COUNTERS, ENGINE_GAUGES, MULTITURN_COLUMNS
 from dora.graph.columns import COLUMNS
 from dora.ops.base import Operator, OpContext, WithBuffers
 from dora.ops.engines.engine import Completion, Engine, SamplingRequest, states_from_wire, states_to_wire
@@ -84,7 +84,7 @@ class GenerateOp(Operator):
         self.out_columns = OUTPUT_COLUMNS + (MULTITURN_COLUMNS if self.agent is not None else ())
         self.in_fields: dict[str, pa.Field] = {}   # pass-through columns seen so far, in order
         self.in_flight: set[str] = set()           # uids submitted or imported here, not yet finished or handed on
-        self.kv_reported = dict.fromkeys(PARKED_KV_COUNTERS, 0)
+        self.counters_reported = dict.fromkeys(ENGINE_COUNTERS, 0)
         self.waits_reported: set[str] = set()      # uids in a tool wait at the last `tool_waits` event
         if p["weight_sync"] == "broadcast" and not ctx.run_dir:
             raise ValueError(f"{ctx.label}: weight_sync: broadcast needs a run_dir (the rendezvous file is there)")
@@ -137,7 +137,7 @@ class GenerateOp(Operator):
         by_version: dict[int, list] = {}
         for c in done:
             by_version.setdefault(c.version, []).append(c)
-        kv = self._kv_deltas() if self.agent is not None else {}
+        engine = self._engine_report()
         hosted = self.engine.hosted_versions()
         for v, cs in by_version.items():
             # distinct token versions and lengths ride along so the orchestrator can check C1
@@ -146,8 +146,9 @@ class GenerateOp(Operator):
                      "token_versions": [sorted(set(c.token_versions)) for c in cs],
                      "response_tokens": [len(c.response_ids) for c in cs], "hosted": hosted}
             if self.agent is not None:
-                event.update(event_fields(cs), **kv)
-                kv = dict.fromkeys(kv, 0)   # (counted once per poll)
+                event.update(event_fields(cs))
+            event.update(engine)
+            engine.update(dict.fromkeys(ENGINE_COUNTERS, 0))   # (counted once per poll)
             self.ctx.report(event)
         return [self.rows(done)]
 
@@ -160,12 +161,13 @@ class GenerateOp(Operator):
             self.ctx.report({"kind": "tool_waits", "waiting": len(now), "started": sorted(now - old),
                              "ended": sorted(old - now)})
 
-    def _kv_deltas(self) -> dict[str, int]:
-        """The engine's parked-KV counters since the last report (the driver sums them per step)."""
+    def _engine_report(self) -> dict[str, int]:
+        """The engine's counters since the last report and its gauges now (the driver's ledger puts
+        them in each step's metrics)."""
         st = self.engine.stats().to_dict()
-        now = {k: int(st.get(k, 0)) for k in PARKED_KV_COUNTERS}
-        last, self.kv_reported = self.kv_reported, now
-        return {k: now[k] - last[k] for k in PARKED_KV_COUNTERS}
+        now = {k: int(st.get(k, 0)) for k in ENGINE_COUNTERS}
+        last, self.counters_reported = self.counters_reported, now
+        return {**{k: now[k] - last[k] for k in ENGINE_COUNTERS}, **{k: int(st.get(k, 0)) for k in ENGINE_GAUGES}}
 
     def rows(self, done: list[Completion]) -> pa.RecordBatch:
         out = []
@@ -268,12 +270,13 @@ class GenerateOp(Operator):
             out["tool_waiting"] = len(self.agent.waiting)
         return out
 
-    def sleep(self) -> dict[str, Any]:
-        """Release the KV cache and the weights (only when nothing is in flight here)."""
+    def sleep(self, keep_graphs: bool = False) -> dict[str, Any]:
+        """Release the KV cache and the weights (only when nothing is in flight here); keep_graphs:
+        keep what the engine's captured graphs point to (TorchEngine.sleep)."""
         t0 = time.perf_counter()
         if self.in_flight:
             raise RuntimeError(f"{self.ctx.label}: sleep() with {len(self.in_flight)} requests in flight; export them first")
-        freed = self.engine.sleep()
+        freed = self.engine.sleep(keep_graphs=bool(keep_graphs))
         return {"seconds": time.perf_counter() - t0, "bytes": freed}
 
     def wake(self) -> dict[str, Any]:

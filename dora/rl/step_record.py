@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dora.graph.builtin_ops import ENGINE_COUNTERS, ENGINE_GAUGES
+
 
 def step_record(*, step: int, version: int, sent: dict[str, Any], sm: dict[str, Any], ev: dict[str, Any],
                 wall_s: float, counters: dict[str, Any], weight_sync: tuple[Any, Any],
@@ -26,8 +28,8 @@ def step_record(*, step: int, version: int, sent: dict[str, Any], sm: dict[str, 
         "c1_violations": sm.get("c1_violations", 0), "c2_violations": sm.get("c2_violations", 0),
         "c3_violations": sm.get("c3_violations", 0), "versions_live": sm.get("versions_live", 0),
         "migrated_requests": sm.get("migrated_requests", 0), "reprefill_tokens": sm.get("reprefill_tokens", 0),
-        "weight_loads": sm.get("weight_loads", 0), "parked_dropped": sm.get("parked_dropped", 0),
-        "continuation_reprefill_tokens": sm.get("continuation_reprefill_tokens", 0), "response_len_max": lengths[-1],
+        "weight_loads": sm.get("weight_loads", 0), **{k: sm.get(k, 0) for k in ENGINE_COUNTERS + ENGINE_GAUGES},
+        "response_len_max": lengths[-1],
         "response_len_median": lengths[len(lengths) // 2], "train_s": ev.get("seconds"),
         "wall_s": wall_s, **counters,
         "weight_sync_s": weight_sync[0], "weight_sync_bytes": weight_sync[1], **extra,

@@ -8,7 +8,8 @@ What it draws, and the hooks a test reads:
   #replicas    a table row per replica: state, version, running, queued, KV use, tokens/s
   #timeline    a row per generate replica, `rect.seg[data-version]` coloured by version,
                `path.load` per weight load, `path.mig` per migration (out: up, in: down)
-  #curves      reward, tokens/s, staleness (max, mean), step time, rollout-only share, versions live
+  #curves      reward, tokens/s, staleness (max, mean), step time, rollout-only share, versions live,
+               multi-turn, prompt tokens (prefilled, prefix hits), KV blocks (used, free)
   body[data-updates]  how many snapshots were drawn (the page polls every POLL_MS)
 """
 
@@ -211,6 +212,8 @@ const CURVES = [
   ['rollout-only share', [['rollout_only_share', 'trainer waiting']]],
   ['versions live', [['versions_live', 'versions']]],
   ['multi-turn', [['turns_mean', 'turns mean'], ['tool_wait_s', 'tool wait s']]],
+  ['prompt tokens', [['prefill_tokens', 'prefilled'], ['prefix_hit_tokens', 'prefix hits']]],
+  ['KV blocks', [['kv_blocks_used', 'used'], ['kv_blocks_free', 'free']]],
 ];
 const LINE_COLOURS = ['#3f6fa8', '#c8741f'];
 

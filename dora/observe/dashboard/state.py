@@ -15,7 +15,8 @@ kept in RUN_DIR/state.json, so the live page and `dora dashboard RUN_DIR` read t
      "timeline": {now, rows: [{name, segments [[t0, t1, v]], loads [[t, v]],
                                migrations [[t, v, +in/-out requests, peers]]}], versions}
      "steps":    [{step, policy_version, reward_mean, tokens_per_s, staleness_max, staleness_mean,
-                   step_time_s, rollout_only_s, rollout_only_share, versions_live, wall_s}]}
+                   step_time_s, rollout_only_s, rollout_only_share, versions_live, wall_s, turns_mean,
+                   tool_wait_s, prefill_tokens, prefix_hit_tokens, kv_blocks_used, kv_blocks_free}]}
 
 Everything comes from the run's own state: the workers' live counters (out edges, op
 live_stats) riding on their heartbeats, the controller's view of each worker, the rollout
@@ -40,7 +41,8 @@ WRITE_EVERY_S = 2.0       # RUN_DIR/state.json, for `dora dashboard RUN_DIR` on 
 RATE_WINDOW_S = 3.0       # edge and token rates: counts over the last few seconds
 MAX_STEPS = 2000          # longer runs are thinned evenly (the last step always kept)
 STEP_KEYS = ("step", "policy_version", "reward_mean", "tokens_per_s", "staleness_max", "staleness_mean",
-             "step_time_s", "rollout_only_s", "versions_live", "wall_s", "turns_mean", "tool_wait_s")
+             "step_time_s", "rollout_only_s", "versions_live", "wall_s", "turns_mean", "tool_wait_s",
+             "prefill_tokens", "prefix_hit_tokens", "kv_blocks_used", "kv_blocks_free")
 
 
 def steps_section(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
