@@ -143,6 +143,10 @@ REWARD_MODEL = OpSpec(
     columns="dora.ops.reward_sources:scorer_columns",
 )
 
+# A judge's failures by kind: its `judge_errors` events carry these counts, the RL driver sums them per step
+# into metrics judge_<kind> (and over the run into summary.json's accounting).
+JUDGE_ERRORS = ("parse_errors", "timeouts", "server_errors")
+
 JUDGE = OpSpec(
     name="judge",
     doc="Score each trajectory with an LLM judge: a rubric in, a parsed verdict out",

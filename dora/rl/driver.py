@@ -22,10 +22,12 @@ The same RolloutController runs in the simulator on a virtual clock (dora/sim).
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import pyarrow as pa
 
+from dora.graph.builtin_ops import JUDGE_ERRORS
 from dora.graph.resolve import Resolved
 from dora.observe.trace import TraceWriter
 from dora.rl import replica_loss, rollout_start, run_accounting, run_state, trainer_restart
@@ -41,7 +43,7 @@ from dora.rl.multiturn_reports import MultiTurnReports, turn_trace_path
 from dora.rl.trainer_feed import TrainerFeed
 from dora.runtime.errors import RunFailed
 
-RESPAWNABLE_OPS = ("generate", "reward", "advantage", "filter", "reference")   # (and the trainer: restarted)
+RESPAWNABLE_OPS = ("generate", "reward", "reward_model", "judge", "advantage", "filter", "reference")   # (and the trainer: restarted)
 
 
 class RLDriver:
@@ -71,6 +73,10 @@ class RLDriver:
         self.steps_done = 0
         self.filtered_uids: list[str] = []
         self.bad_rows = {"reward_errors": 0, "dataset_skipped": 0}
+        # judge nodes' failures: per step (metrics judge_<kind>, reset at each step) and over the run
+        has_judge = any(op == "judge" for op in (resolved.op_of(n) for n in self.graph.nodes))
+        self.judge_errors = collections.Counter() if has_judge else None
+        self.judge_totals: collections.Counter = collections.Counter()
         self.accounting: dict[str, Any] = {}
         self._done = False
         self.stop_reason = None
@@ -123,16 +129,22 @@ class RLDriver:
             self._on_weights(ev)
         elif kind == "train_step":
             self._on_train_step(ev)
-        elif kind == "filtered":
+        elif kind == "filtered":   # a filter's dropped groups, or a judge's skipped ones (reason judge_error)
+            reason = str(ev.get("reason") or "filtered")
             uids = [str(u) for u in ev.get("uids", []) if str(u) not in self.restarts.abandoned]
-            self.filtered_uids += uids
+            if reason == "filtered":
+                self.filtered_uids += uids
             self.prompts.close(uids)
             self.feed.forget(uids)
-            if uids and self._rc().on_dropped(uids, reason="filtered"):
+            if uids and self._rc().on_dropped(uids, reason=reason):
                 # The batch we were waiting to complete held a dropped group: it went back to the
                 # queue whole, and the next take builds one without it. (A batch already sent to
                 # the trainer cannot hold one: its rows all came through the filter.)
                 self.feed.pending = None
+        elif kind == "judge_errors" and self.judge_errors is not None:
+            counts = {k: int(ev.get(k) or 0) for k in JUDGE_ERRORS}
+            self.judge_errors.update(counts)
+            self.judge_totals.update(counts)
         elif kind in ("reward_errors", "dataset_skipped"):   # on_error: zero / skip (the dataset's: bad file rows)
             self.bad_rows[kind] += len(ev["uids"]) if "uids" in ev else int(ev.get("rows") or 0)
         elif kind == "wire_rejected":   # the first few per worker come with their reason; all are counted

@@ -23,10 +23,14 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
+from dora.graph.builtin_ops import JUDGE_ERRORS
 from dora.ops.arrow_rows import require_columns
 from dora.ops.base import OpContext, Operator
 from dora.ops.judge.backends import JudgeFailure
 from dora.ops.judge.verdicts import VerdictError, make_parser
+
+
+FAILURE_KEYS = {"parse": "parse_errors", "timeout": "timeouts", "server": "server_errors"}   # -> JUDGE_ERRORS
 
 
 class JudgeError(RuntimeError):
@@ -101,11 +105,9 @@ class JudgeOp(Operator):
         return [self._batch(rest)] if rest else ()
 
     def _report(self, failures: list[tuple[dict, str, str]]) -> None:
-        kinds = collections.Counter(kind for _, kind, _ in failures)
-        for kind, key in (("parse", "parse_errors"), ("timeout", "timeouts"), ("server", "server_errors")):
-            self.counts[key] += kinds[kind]
-        self.ctx.report({"kind": "judge_errors", "node": self.ctx.node, "parse_errors": kinds["parse"],
-                         "timeouts": kinds["timeout"], "server_errors": kinds["server"],
+        kinds = collections.Counter(FAILURE_KEYS[kind] for _, kind, _ in failures)
+        self.counts.update(kinds)
+        self.ctx.report({"kind": "judge_errors", "node": self.ctx.node, **{k: kinds[k] for k in JUDGE_ERRORS},
                          "uids": [str(r["uid"]) for r, _, _ in failures], "errors": [m[:200] for _, _, m in failures[:5]]})
 
     def _batch(self, rows: list[dict[str, Any]]) -> pa.RecordBatch:
