@@ -54,7 +54,7 @@ class JudgeOp(Operator):
         self.judging: dict[str, dict[str, Any]] = {}    # uid -> row, handed to the backend
         self.groups = WholeGroups(ctx.async_.group_size) if self.on_error == "skip" else None
         self.in_fields: dict[str, pa.Field] = {}
-        self.counts = collections.Counter()
+        self.counts = collections.Counter(dict.fromkeys(("judged", "groups_skipped", *JUDGE_ERRORS), 0))
 
     def accepts_input(self) -> bool:
         return len(self.judging) < self.max_in_flight
