@@ -109,3 +109,22 @@ def test_a_reward_function_is_checked_against_the_contract(tmp_path, monkeypatch
     assert "scael" in err.message
     ok = base.replace("FN", "my_rewards:good").replace("PARAMS", "{scale: 2}")
     assert not errors_of(check_file(write(tmp_path, ok))[1])
+
+
+def test_the_judge_node_shows_with_its_pool_and_the_ops_catalogue_lists_the_new_ops(capsys):
+    from dora.cli import main
+    from dora.graph import viz
+    from dora.graph.yaml_io import load_graph
+    from e2e_audit import PIPELINES
+
+    g = load_graph(str(PIPELINES / "judge.yaml"))
+    printed = str(g)
+    assert "%judge" in printed and "judge(trajectories=rollout)" in printed and "pool judge" in printed
+    mermaid = viz.render(g, "mmd")
+    assert 'pool judge' in mermaid and "+ reward/judge" in mermaid   # its pool, and the column it adds
+    assert main(["ops", "--json"]) == 0
+    ops = {o["name"]: o for o in json.loads(capsys.readouterr().out)}
+    for name in ("reward_model", "judge"):
+        assert ops[name]["columns"] and {"column", "model"} <= {p["name"] for p in ops[name]["params"]}
+    assert {"url", "concurrency", "timeout_s", "retries", "rubric", "parser", "on_error"} <= {p["name"] for p in ops["judge"]["params"]}
+    assert "sources" in {p["name"] for p in ops["reward"]["params"]}
