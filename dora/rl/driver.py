@@ -22,12 +22,10 @@ The same RolloutController runs in the simulator on a virtual clock (dora/sim).
 
 from __future__ import annotations
 
-import collections
 from typing import Any
 
 import pyarrow as pa
 
-from dora.graph.builtin_ops import JUDGE_ERRORS
 from dora.graph.resolve import Resolved
 from dora.observe.trace import TraceWriter
 from dora.rl import replica_loss, rollout_start, run_accounting, run_state, trainer_restart
@@ -38,7 +36,7 @@ from dora.rl.replica_instance import CALL_TIMEOUT_S, ReplicaInstance
 from dora.rl.roles import RLRoles
 from dora.rl.shared_devices import SharedDevices
 from dora.rl.rollout import Finished, RolloutConfig, RolloutController
-from dora.rl.step_record import driver_step_record
+from dora.rl.step_record import JudgeErrors, driver_step_record
 from dora.rl.multiturn_reports import MultiTurnReports, turn_trace_path
 from dora.rl.trainer_feed import TrainerFeed
 from dora.runtime.errors import RunFailed
@@ -73,10 +71,7 @@ class RLDriver:
         self.steps_done = 0
         self.filtered_uids: list[str] = []
         self.bad_rows = {"reward_errors": 0, "dataset_skipped": 0}
-        # judge nodes' failures: per step (metrics judge_<kind>, reset at each step) and over the run
-        has_judge = any(op == "judge" for op in (resolved.op_of(n) for n in self.graph.nodes))
-        self.judge_errors = collections.Counter() if has_judge else None
-        self.judge_totals: collections.Counter = collections.Counter()
+        self.judge_errors = JudgeErrors() if "judge" in map(resolved.op_of, self.graph.nodes) else None
         self.accounting: dict[str, Any] = {}
         self._done = False
         self.stop_reason = None
@@ -132,8 +127,7 @@ class RLDriver:
         elif kind == "filtered":   # a filter's dropped groups, or a judge's skipped ones (reason judge_error)
             reason = str(ev.get("reason") or "filtered")
             uids = [str(u) for u in ev.get("uids", []) if str(u) not in self.restarts.abandoned]
-            if reason == "filtered":
-                self.filtered_uids += uids
+            self.filtered_uids += uids if reason == "filtered" else []
             self.prompts.close(uids)
             self.feed.forget(uids)
             if uids and self._rc().on_dropped(uids, reason=reason):
@@ -142,9 +136,7 @@ class RLDriver:
                 # the trainer cannot hold one: its rows all came through the filter.)
                 self.feed.pending = None
         elif kind == "judge_errors" and self.judge_errors is not None:
-            counts = {k: int(ev.get(k) or 0) for k in JUDGE_ERRORS}
-            self.judge_errors.update(counts)
-            self.judge_totals.update(counts)
+            self.judge_errors.add(ev)
         elif kind in ("reward_errors", "dataset_skipped"):   # on_error: zero / skip (the dataset's: bad file rows)
             self.bad_rows[kind] += len(ev["uids"]) if "uids" in ev else int(ev.get("rows") or 0)
         elif kind == "wire_rejected":   # the first few per worker come with their reason; all are counted

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from dora.graph.builtin_ops import JUDGE_ERRORS
-
 UNTRAINED = ("dispatched", "trained", "in_training_at_end", "finished_untrained", "in_flight_at_end", "lost",
              "dropped", "c1_violations", "c2_violations", "c3_violations")
 
@@ -37,7 +35,7 @@ def account(d) -> dict[str, Any]:
     a["filtered"] = len(d.filtered_uids)
     a["reward_errors"], a["dataset_skipped_rows"] = d.bad_rows["reward_errors"], d.bad_rows["dataset_skipped"]
     if d.judge_errors is not None:
-        a.update({f"judge_{k}": d.judge_totals[k] for k in JUDGE_ERRORS})
+        a.update(d.judge_errors.totals())
     # a resumed run: this segment's identity holds on its own; these tie it to the earlier ones
     a["trained_before_resume"] = d.trained_before
     a["reissued_at_resume"] = d.reissued_at_resume
