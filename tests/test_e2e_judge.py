@@ -119,3 +119,14 @@ def test_a_killed_judge_replica_is_respawned_and_its_groups_scored_again(judged_
     # the groups it held were dropped whole (replica_lost) and dispatched again as new groups
     acc = run.accounting
     assert acc["reissued_requests"] >= acc["dropped_by_reason"].get("replica_lost", 0), acc
+
+
+def test_the_dashboard_state_shows_the_judge_and_its_input_edge(judged_run):
+    _, run, _ = judged_run
+    state = json.loads((run.path / "state.json").read_text())
+    (edge,) = [e for e in state["edges"] if e["src"] == "rollout" and e["dst"] == "judge"]
+    assert edge["rows"] >= STEPS * TBS and edge["window"] > 0 and "queued" in edge   # its queue against its credit window
+    (out_edge,) = [e for e in state["edges"] if e["src"] == "judge"]
+    assert out_edge["rows"] >= STEPS * TBS                                        # the judge's rows (and rows/s live)
+    judges = [r for r in state["replicas"] if r["node"] == "judge"]
+    assert judges and all(r["pool"] == "judge" and r["op"] == "judge" for r in judges)

@@ -6,6 +6,7 @@ waits for the server (start_timeout_s), greedy verdicts repeat, and each row is 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -14,6 +15,7 @@ import urllib.request
 import pyarrow as pa
 import pytest
 
+from dora.ops.parent_death import die_with_parent
 from op_context import op_context
 
 pytestmark = [
@@ -61,8 +63,8 @@ def served(tmp_path_factory):
     proc = subprocess.Popen([os.environ["DORA_VLLM_PYTHON"], "-m", "vllm.entrypoints.openai.api_server", "--model", model,
                              "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
                              "--max-model-len", "256", "--served-model-name", "digits", "--enforce-eager"],
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=die_with_parent, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
     url = f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + SERVER_START_S   # (vLLM's imports alone take minutes on a busy 2-core machine)
     while time.monotonic() < deadline and proc.poll() is None:
@@ -72,11 +74,11 @@ def served(tmp_path_factory):
         except OSError:
             time.sleep(2)
     yield url, proc, d / "serve.log"
-    proc.terminate()
+    os.killpg(proc.pid, signal.SIGTERM)   # the server and its engine process
     try:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)
     log.close()
 
 
