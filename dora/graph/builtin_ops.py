@@ -189,7 +189,7 @@ JUDGE = OpSpec(
         P("start_timeout_s", "float", 60.0, "http: how long start-up waits for the server to answer GET /models "
           "before the run fails naming it", min=0),
     ),
-    impl="dora.ops.judge.judge_op:JudgeOp",
+    impl="dora.ops.judge:JudgeOp",
     check="dora.ops.judge.checks:check_params",
     columns="dora.ops.reward_sources:scorer_columns",
     devices_check="dora.ops.judge.checks:devices_problem",

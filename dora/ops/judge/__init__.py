@@ -7,3 +7,7 @@ http_judge.py  or a server speaking the OpenAI API (`vllm serve`), with bounded 
              a timeout and retries
 checks.py    what `dora validate` checks of a judge node (no torch, no model loaded)
 """
+
+from dora.ops.judge.judge_op import JudgeOp
+
+__all__ = ["JudgeOp"]
