@@ -55,6 +55,7 @@ def train(out: str, steps: int, seed: int, batch: int = 64) -> dict:
     import torch
 
     from dora.ops.models import load_policy
+    torch.set_num_threads(1)   # (a tiny model: more threads only wait on each other, the more so on a busy machine)
     torch.manual_seed(seed)
     model, tok = load_policy(JUDGE, "cpu", seed=seed)
     model.train()
