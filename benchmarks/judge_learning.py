@@ -36,17 +36,25 @@ MAX_COUNT = 48
 
 
 def example(rng: random.Random) -> tuple[str, str, int]:
-    """(prompt, response, verdict digit) for a quickstart prompt and a random response."""
+    """(prompt, response, verdict digit) for a quickstart prompt and a random response: the right symbol
+    near the right length, another symbol, noise over every character a tiny policy can write (what an
+    untrained one does), and runs of the symbol mixed with noise."""
+    import string
+
     from dora.ops.tasks.quickstart import TASK
     r = TASK.make(1, rng.randrange(1 << 30), max_count=MAX_COUNT)[0]
     n, c = len(r["answer"]), r["prompt"][-1]
+    chars = string.printable
     kind = rng.random()
-    if kind < 0.5:     # the right symbol, about the right length
+    if kind < 0.4:     # the right symbol, about the right length
         resp = c * max(1, int(n * rng.uniform(0.2, 2.0) + rng.randint(-2, 2)))
-    elif kind < 0.7:   # another symbol
-        resp = rng.choice("abcdxyz") * rng.randint(1, MAX_COUNT)
-    else:              # noise with some of the symbol
-        resp = "".join(rng.choice([c, c, "a", "d", "x", "7", " ", "*"]) for _ in range(rng.randint(1, MAX_COUNT)))
+    elif kind < 0.55:  # another symbol
+        resp = rng.choice("abcdxyz8%_") * rng.randint(1, MAX_COUNT)
+    elif kind < 0.8:   # noise, with some of the symbol
+        share = rng.random()
+        resp = "".join(c if rng.random() < share else rng.choice(chars) for _ in range(rng.randint(1, MAX_COUNT)))
+    else:              # a run of the symbol, then noise
+        resp = c * rng.randint(1, n + 2) + "".join(rng.choice(chars) for _ in range(rng.randint(1, MAX_COUNT)))
     resp = resp[:MAX_COUNT]
     return r["prompt"], resp, round(9 * TASK.score(resp, r["answer"]))
 
