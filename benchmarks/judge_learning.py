@@ -36,9 +36,11 @@ MAX_COUNT = 48
 
 
 def example(rng: random.Random) -> tuple[str, str, int]:
-    """(prompt, response, verdict digit) for a quickstart prompt and a random response: the right symbol
-    near the right length, another symbol, noise over every character a tiny policy can write (what an
-    untrained one does), and runs of the symbol mixed with noise."""
+    """(prompt, response, verdict digit) for a quickstart prompt and a random response: empty, the right
+    symbol near the right length, another symbol, noise over every character a tiny policy can write
+    (what an untrained one does), and runs of the symbol mixed with noise. (Empty responses and noise
+    over every character were each missing from an earlier version, and each time the policy found
+    exactly that hole: docs/benchmarks.md.)"""
     import string
 
     from dora.ops.tasks.quickstart import TASK
@@ -46,7 +48,9 @@ def example(rng: random.Random) -> tuple[str, str, int]:
     n, c = len(r["answer"]), r["prompt"][-1]
     chars = string.printable
     kind = rng.random()
-    if kind < 0.4:     # the right symbol, about the right length
+    if kind < 0.05:    # nothing at all (an untrained judge rated empty responses highly: the policy found it)
+        resp = ""
+    elif kind < 0.4:   # the right symbol, about the right length
         resp = c * max(1, int(n * rng.uniform(0.2, 2.0) + rng.randint(-2, 2)))
     elif kind < 0.55:  # another symbol
         resp = rng.choice("abcdxyz8%_") * rng.randint(1, MAX_COUNT)
