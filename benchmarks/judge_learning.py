@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train")
     t.add_argument("--out", required=True)
-    t.add_argument("--steps", type=int, default=1500)
+    t.add_argument("--steps", type=int, default=700)
     t.add_argument("--seed", type=int, default=0)
     r = sub.add_parser("run")
     r.add_argument("--judge", required=True)
