@@ -1,6 +1,6 @@
 """A judged run where the reward visibly rises: the quickstart policy trained on a judge's verdicts only.
 
-    python benchmarks/judge_learning.py train --out bench/judge-model [--steps 1500] [--seed 0]
+    python benchmarks/judge_learning.py train --out bench/judge-model [--steps 700] [--seed 0]
     python benchmarks/judge_learning.py run --judge bench/judge-model --out bench/judge-runs [--seeds 0 1] [--steps 30]
 
 A 135M SmolLM2 cannot tell a good quickstart answer from a bad one (docs/benchmarks.md, issue 33: its
