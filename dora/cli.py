@@ -156,6 +156,8 @@ def cmd_ops(args: argparse.Namespace) -> int:
             cond = f"{w.param} {'not in' if w.negate else 'in'} {list(w.values)}"
             parts = ([f"needs {', '.join(w.needs)}"] if w.needs else []) + ([f"adds {', '.join(w.adds)}"] if w.adds else [])
             print(f"  when     {cond}: {'; '.join(parts)}")
+        if s.columns:
+            print(f"  columns  {s.columns_doc}")
         for ps in s.params.values():
             print(f"  param    {_param_line(ps)}")
         if s.check:

@@ -36,7 +36,7 @@ DATASET = OpSpec(
     name="dataset",
     doc="Source of prompts: one row per prompt, repeated group_size times per group",
     inputs=(),
-    adds=("uid", "group_id", "prompt", "prompt_ids", "answer", "task"),
+    adds=("uid", "group_id", "prompt", "question", "prompt_ids", "answer", "task"),
     params=_params(
         P("source", "str", "synthetic:quickstart", "synthetic:NAME, reasoning_gym:NAME, or a .jsonl/.parquet path",
           names_from="dora.ops.dataset:source_problem"),
@@ -101,17 +101,102 @@ GENERATE = OpSpec(
 
 REWARD = OpSpec(
     name="reward",
-    doc="Score each trajectory with a verifier or a reward function",
+    doc="Score each trajectory with a verifier or a reward function, or sum weighted sources",
     inputs=(PortSpec("trajectories", ("response_text", "answer")),),
     adds=("reward",),
     params=_params(
-        P("fn", "str", "synthetic", "synthetic, math_verify, reasoning_gym, format, or pkg.module:function",
+        P("fn", "str", "synthetic", "synthetic, math_verify, reasoning_gym, format, or pkg.module:function "
+          "fn(response_text, answer, row, **params) -> float, sync or async (docs/reward_functions.md)",
           names_from="dora.ops.reward:fn_problem"),
         P("on_error", "str", "fail", "what a failing reward function does", choices=("fail", "zero")),
         P("params", "dict", {}, "extra arguments for the reward function"),
+        P("sources", "list", [], "instead of fn: [{name, fn | column, weight, params}]; reward = sum of weight x "
+          "value, each kept as column reward/<name> and metric reward/<name> (dora/ops/reward_sources.py)"),
     ),
     impl="dora.ops.reward:RewardOp",
+    check="dora.ops.reward:check_params",
+    columns="dora.ops.reward_sources:reward_columns",
     when=(When("fn", ("reasoning_gym",), needs=("task",)),),
+)
+
+# The output column of a model that scores (reward_model, judge): `reward`, or reward/<name> for a reward
+# node's sources.
+SCORE_COLUMN = P("column", "str", "reward", "the score's column: reward (feeds advantage) or reward/<name> (a "
+                 "source of a reward node)", names_from="dora.ops.reward_sources:column_problem")
+SCORER_DTYPE = P("dtype", "str", "float32", "weights and compute dtype (bfloat16 on GPUs)",
+                 choices=("float32", "bfloat16", "float16"))
+
+REWARD_MODEL = OpSpec(
+    name="reward_model",
+    doc="Score prompt + response with a reward model (a sequence classifier with one label)",
+    inputs=(PortSpec("trajectories", ("response_text",)),),
+    adds=(),
+    params=_params(
+        P("model", "dict?", None, "the reward model: {path: DIR} (AutoModelForSequenceClassification, num_labels 1) "
+          "or a tiny seeded one {arch: llama, hidden: ..., tokenizer: chars} (dora/ops/classifier_models.py)"),
+        P("template", "str", "{prompt}{response}", "the scored text: {prompt} {response} {answer} filled from the row, "
+          "tokenized by the reward model's tokenizer"),
+        SCORE_COLUMN,
+        P("token_budget", "int", 8192, "padded tokens per forward pass (rows x longest row)", min=1),
+        P("max_length", "int?", None, "longest input in tokens (null: the model's positions); a longer one keeps "
+          "its last max_length tokens (counted as truncated)", min=1),
+        SCORER_DTYPE,
+    ),
+    impl="dora.ops.reward_model:RewardModelOp",
+    check="dora.ops.reward_model:check_params",
+    columns="dora.ops.reward_sources:scorer_columns",
+)
+
+# A judge's failures by kind: its `judge_errors` events carry these counts, the RL driver sums them per step
+# into metrics judge_<kind> (and over the run into summary.json's accounting).
+JUDGE_ERRORS = ("parse_errors", "timeouts", "server_errors")
+
+JUDGE = OpSpec(
+    name="judge",
+    doc="Score each trajectory with an LLM judge: a rubric in, a parsed verdict out",
+    inputs=(PortSpec("trajectories", ("uid", "response_text")),),
+    adds=(),
+    params=_params(
+        P("engine", "str", "torch", "who judges: the torch or vllm engine here (the judge's own model), or http "
+          "(a server speaking the OpenAI API, e.g. vllm serve)", choices=("torch", "vllm", "http")),
+        P("model", "dict?", None, "torch/vllm: the judge's model section (as the pipeline's model:; null = the "
+          "pipeline's, frozen at its initial weights)"),
+        P("rubric", "str", "Rate the response to the question from 0 (wrong or useless) to 10 (correct and clear). "
+          "Reply with the number only.\n\nQuestion:\n{prompt}\n\nResponse:\n{response}\n\nScore:", "the judge's prompt: {prompt} {response} and optionally {answer} "
+          "filled from the row (other braces are literal); the part before the first placeholder is prefilled "
+          "once per batch (prefix cache)"),
+        P("chat", "bool", True, "wrap the rubric as the user message of the judge tokenizer's chat template (when "
+          "it has one); http: api chat does this on the server"),
+        P("parser", "str", "number", "verdict -> score in [0, 1]: number (in range), yes_no, letter (A B C D F) or "
+          "regex (pattern's first group)", names_from="dora.ops.judge.verdicts:PARSERS"),
+        P("pattern", "str?", None, "parser regex: the regex whose first group is the verdict"),
+        P("range", "list", [0, 10], "[lo, hi] of a numeric verdict (outside: a parse error); score = (x - lo) / (hi - lo)"),
+        P("values", "dict", {}, "verdict word -> score (yes_no and letter have defaults; regex: words instead of numbers)"),
+        SCORE_COLUMN,
+        P("on_error", "str", "zero", "an unparseable verdict, a timeout, a server error: fail the run, score 0, or "
+          "skip (drop the whole group: C2)", choices=("fail", "zero", "skip")),
+        P("temperature", "float", 0.0, "the judge's sampling temperature (0 = greedy)", min=0),
+        P("top_p", "float", 1.0, "nucleus sampling threshold", min=1e-6, max=1.0),
+        P("top_k", "int", 0, "top-k sampling (0 = off)", min=0),
+        P("max_tokens", "int", 16, "longest verdict in tokens", min=1),
+        P("max_batch", "int", 64, "torch/vllm: concurrent sequences per replica", min=1),
+        P("max_in_flight", "int", 64, "rows a replica holds under judgement; past it the input edge back-pressures", min=1),
+        SCORER_DTYPE,
+        P("kv_cache_gb", "float?", None, "torch engine: GiB of KV cache per replica (null: as generate derives it)", min=0.001),
+        P("url", "str?", None, "http: the API's base URL, e.g. http://127.0.0.1:8000/v1"),
+        P("served_model", "str?", None, "http: the model name to ask for (null: the first the server lists)"),
+        P("api", "str", "completions", "http: completions (the rubric as the prompt) or chat (as the user message)",
+          choices=("completions", "chat")),
+        P("concurrency", "int", 8, "http: requests open at once per replica", min=1),
+        P("timeout_s", "float", 60.0, "http: the longest wait for one answer", min=0.001),
+        P("retries", "int", 2, "http: tries after a timeout, a refused connection, 429 or 5xx", min=0),
+        P("start_timeout_s", "float", 60.0, "http: how long start-up waits for the server to answer GET /models "
+          "before the run fails naming it", min=0),
+    ),
+    impl="dora.ops.judge:JudgeOp",
+    check="dora.ops.judge.checks:check_params",
+    columns="dora.ops.reward_sources:scorer_columns",
+    devices_check="dora.ops.judge.checks:devices_problem",
 )
 
 REFERENCE = OpSpec(
@@ -215,5 +300,5 @@ UPDATE = OpSpec(
 )
 
 BUILTIN_OPS: dict[str, OpSpec] = {
-    s.name: s for s in (DATASET, GENERATE, REWARD, REFERENCE, CRITIC, ADVANTAGE, FILTER, UPDATE)
+    s.name: s for s in (DATASET, GENERATE, REWARD, REWARD_MODEL, JUDGE, REFERENCE, CRITIC, ADVANTAGE, FILTER, UPDATE)
 }

@@ -289,10 +289,34 @@ def check_file(path: str, overrides: Iterable[str] = ()) -> tuple[Graph | None, 
     """Load and validate a pipeline file: (graph or None if it could not be built, all diagnostics)."""
     from dora.graph.yaml_io import load_file
 
+    importable_folders(path)
     g, diags = load_file(path, overrides)
     if g is not None:
         diags = diags + validate(g)
     return g, diags
+
+
+FOLDER_NOTE = "# pipeline folder: "   # a run's copy of its pipeline (RUN_DIR/pipeline.yaml) names the original's
+
+
+def importable_folders(path: str) -> None:
+    """Put the pipeline file's folder on sys.path (first), so a reward function or op in a module beside
+    it imports without PYTHONPATH, in validation, in the run and in its workers (which inherit sys.path).
+    A run's copy (--resume) names the original's folder on its first line (FOLDER_NOTE)."""
+    import os
+    import sys
+
+    folders = [os.path.dirname(os.path.abspath(path))]
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = f.readline()
+    except OSError:
+        first = ""
+    if first.startswith(FOLDER_NOTE):
+        folders.insert(0, first[len(FOLDER_NOTE):].strip())
+    for folder in reversed(folders):
+        if folder and folder not in sys.path:
+            sys.path.insert(0, folder)
 
 
 def load_and_validate(path: str, overrides: Iterable[str] = ()) -> Graph:

@@ -8,6 +8,9 @@ A worker (one per node replica, in a process or a Ray actor) owns one Operator a
     op.process(batch, port) -> batches  one input batch in, zero or more output batches out
     op.poll() -> batches                called while op.busy() is true and no input is waiting:
                                         engines step here and return what finished
+    op.accepts_input() -> bool          False while the op holds all the work it may (a judge's
+                                        max_in_flight): the worker reads no input meanwhile, so the
+                                        input edges' credits run out and producers wait (back-pressure)
     op.finish() -> batches              after end-of-stream on every input (flush buffers)
     op.call(method, args) -> result     a control request from the controller, only for names in
                                         `control_methods` (load_version, export, import, stats, ...)
@@ -99,6 +102,9 @@ class Operator:
 
     def busy(self) -> bool:
         return False
+
+    def accepts_input(self) -> bool:
+        return True
 
     def poll(self) -> Iterable[pa.RecordBatch]:
         return ()

@@ -12,6 +12,7 @@ Sources (param `source`):
 `size` is the number of prompts generated, or for files the first `size` good rows (0 = all).
 
 Rows: uid, group_id, prompt (text as fed to the model: chat template applied for chat models),
+question (the prompt as written: the last user message, before any template; what a judge reads),
 prompt_ids, answer, task. The stream runs epoch after epoch (epochs=0: endless), reshuffled
 each epoch from (seed, epoch); group_id = epoch * n_prompts + position, so ids never repeat,
 and uid = f"{group_id}-{i}" for i in range(group_size). Batches hold batch_prompts prompts
@@ -35,7 +36,7 @@ from dora.ops.data_files import DatasetError, file_records, first_rows_problem
 
 __all__ = ["DatasetError", "DatasetOp", "check_params", "load_records", "source_problem"]
 
-ROW_COLUMNS = ("uid", "group_id", "prompt", "prompt_ids", "answer", "task")
+ROW_COLUMNS = ("uid", "group_id", "prompt", "question", "prompt_ids", "answer", "task")
 
 
 class DatasetOp(Operator):
@@ -86,7 +87,7 @@ class DatasetOp(Operator):
             for i in range(self.group_size):
                 cols["uid"].append(f"{gid}-{i}")
                 cols["group_id"].append(gid)
-                for c in ("prompt", "prompt_ids", "answer", "task"):
+                for c in ("prompt", "question", "prompt_ids", "answer", "task"):
                     cols[c].append(rec[c])
                 if self.has_meta:
                     cols["task_meta"].append(rec.get("task_meta"))
@@ -195,4 +196,5 @@ def render(record: dict, tokenizer, chat_template: str | None) -> dict:
         ids = tokenizer.encode(text, add_special_tokens=False)
     if not ids:
         raise DatasetError(f"empty prompt after tokenization: {str(prompt)[:80]!r}")
-    return {**record, "prompt": text, "prompt_ids": [int(i) for i in ids]}
+    question = prompt if isinstance(prompt, str) else next((m["content"] for m in reversed(messages) if m.get("role") == "user"), text)
+    return {**record, "prompt": text, "question": question, "prompt_ids": [int(i) for i in ids]}

@@ -36,12 +36,12 @@ from dora.rl.replica_instance import CALL_TIMEOUT_S, ReplicaInstance
 from dora.rl.roles import RLRoles
 from dora.rl.shared_devices import SharedDevices
 from dora.rl.rollout import Finished, RolloutConfig, RolloutController
-from dora.rl.step_record import driver_step_record
+from dora.rl.step_record import JudgeErrors, driver_step_record
 from dora.rl.multiturn_reports import MultiTurnReports, turn_trace_path
 from dora.rl.trainer_feed import TrainerFeed
 from dora.runtime.errors import RunFailed
 
-RESPAWNABLE_OPS = ("generate", "reward", "advantage", "filter", "reference")   # (and the trainer: restarted)
+RESPAWNABLE_OPS = ("generate", "reward", "reward_model", "judge", "advantage", "filter", "reference")   # (and the trainer: restarted)
 
 
 class RLDriver:
@@ -71,6 +71,7 @@ class RLDriver:
         self.steps_done = 0
         self.filtered_uids: list[str] = []
         self.bad_rows = {"reward_errors": 0, "dataset_skipped": 0}
+        self.judge_errors = JudgeErrors() if "judge" in map(resolved.op_of, self.graph.nodes) else None
         self.accounting: dict[str, Any] = {}
         self._done = False
         self.stop_reason = None
@@ -123,16 +124,19 @@ class RLDriver:
             self._on_weights(ev)
         elif kind == "train_step":
             self._on_train_step(ev)
-        elif kind == "filtered":
+        elif kind == "filtered":   # a filter's dropped groups, or a judge's skipped ones (reason judge_error)
+            reason = str(ev.get("reason") or "filtered")
             uids = [str(u) for u in ev.get("uids", []) if str(u) not in self.restarts.abandoned]
-            self.filtered_uids += uids
+            self.filtered_uids += uids if reason == "filtered" else []
             self.prompts.close(uids)
             self.feed.forget(uids)
-            if uids and self._rc().on_dropped(uids, reason="filtered"):
+            if uids and self._rc().on_dropped(uids, reason=reason):
                 # The batch we were waiting to complete held a dropped group: it went back to the
                 # queue whole, and the next take builds one without it. (A batch already sent to
                 # the trainer cannot hold one: its rows all came through the filter.)
                 self.feed.pending = None
+        elif kind == "judge_errors" and self.judge_errors is not None:
+            self.judge_errors.add(ev)
         elif kind in ("reward_errors", "dataset_skipped"):   # on_error: zero / skip (the dataset's: bad file rows)
             self.bad_rows[kind] += len(ev["uids"]) if "uids" in ev else int(ev.get("rows") or 0)
         elif kind == "wire_rejected":   # the first few per worker come with their reason; all are counted

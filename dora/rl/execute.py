@@ -17,6 +17,7 @@ import traceback
 from typing import Any
 
 from dora.graph.resolve import resolve
+from dora.graph.validate import FOLDER_NOTE
 from dora.graph.yaml_io import to_yaml
 from dora.observe.dashboard.live import LIVE_S, LiveDashboard
 from dora.observe.metric_sinks import open_for_run
@@ -143,6 +144,8 @@ def _claim_run_files(graph, run_dir: str, quiet: bool, write_pipeline: bool) -> 
             return str(e)
     if write_pipeline:
         with open(os.path.join(run_dir, "pipeline.yaml"), "w", encoding="utf-8") as fh:
+            if graph.source_file:   # (--resume imports modules from beside the original, as this run does)
+                fh.write(f"{FOLDER_NOTE}{os.path.dirname(os.path.abspath(graph.source_file))}\n")
             fh.write(to_yaml(graph))
     return None
 
