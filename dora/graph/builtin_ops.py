@@ -194,9 +194,9 @@ JUDGE = OpSpec(
           "before the run fails naming it", min=0),
     ),
     impl="dora.ops.judge:JudgeOp",
-    check="dora.ops.judge.checks:check_params",
+    check="dora.ops.judge.judge_checks:check_params",
     columns="dora.ops.reward_sources:scorer_columns",
-    devices_check="dora.ops.judge.checks:devices_problem",
+    devices_check="dora.ops.judge.judge_checks:devices_problem",
 )
 
 REFERENCE = OpSpec(
