@@ -175,6 +175,9 @@ class OpSpec:
     # "pkg.module:function", (filled params, devices) -> problem | None; without one, devices is 1.
     sharded: bool = False
     devices_check: str | None = None
+    # The input ports whose columns flow on to the output (None: every port's). An op that starts new
+    # rows (to_prompts: a trajectory becomes prompt rows) carries none: its output is what it adds.
+    carries: tuple[str, ...] | None = None
 
     @property
     def is_source(self) -> bool:

@@ -66,7 +66,7 @@ def capture(driver, step: int) -> Snapshot:
 def commit(driver, snap: Snapshot, keep: int) -> str:
     """Write the trainer's part (a control call, while the trainer is idle) and the driver's, then
     rename the checkpoint into place."""
-    run_dir = driver.ctrl.run_dir
+    run_dir = driver.files_dir
     staged = checkpoint.staging(run_dir, snap.step)
     done = driver.ctrl.call(driver.roles.update, 0, "save_checkpoint", {"folder": staged}, timeout=600.0)
     if int(done["step"]) != snap.step:
@@ -148,7 +148,7 @@ def commit_timed(driver, snap: Snapshot) -> bool:
         if not checkpoint.out_of_space(e):
             raise
         needed = driver.checkpoint_log[-1]["bytes"] if driver.checkpoint_log else 0
-        raise RunFailed(str(checkpoint.no_space(driver.ctrl.run_dir, snap.step, needed))) from None
+        raise RunFailed(str(checkpoint.no_space(driver.files_dir, snap.step, needed))) from None
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder) for f in fs)
     driver.checkpoints.append(folder)
     driver.checkpoint_log.append({"step": snap.step, "seconds": round(time.monotonic() - t0, 3), "bytes": size})

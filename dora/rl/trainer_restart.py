@@ -187,11 +187,11 @@ def _cut_files(d, step: int) -> None:
     run_dir = d.ctrl.run_dir
 
     def cut() -> list[dict[str, Any]]:
-        lineage.roll_back(run_dir, step, kind="restart")
+        lineage.roll_back(run_dir, step, kind="restart", policy=d.policy, files_dir=d.files_dir)
         return lineage.kept_records(run_dir)
 
     d.metrics.restart_at(cut)
-    for v, path in weights.list_versions(run_dir):
+    for v, path in weights.list_versions(d.files_dir):
         if v >= step:
             try:
                 os.remove(path)

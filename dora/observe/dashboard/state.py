@@ -215,8 +215,8 @@ class RunState:
                 e.update(batches=tot[0], rows=tot[1], bytes=tot[2], batches_per_s=round(rate[0], 3),
                          rows_per_s=round(rate[1], 2), mb_per_s=round(rate[2] / 1e6, 4), queued=queued,
                          window=edge.capacity * g.nodes[edge.src].replicas)
-            else:
-                d = self.driver
+            else:   # (a run of several policies: the driver of the policy whose trainer publishes on it)
+                d = (getattr(self.driver, "drivers", None) or {}).get(fe["src"], self.driver)
                 published = sorted(getattr(d, "weight_paths", {}) or {})
                 sync = getattr(d, "weight_sync", {}) or {}
                 last = published[-1] if published else None
@@ -250,15 +250,25 @@ class RunState:
         return out
 
     def _timeline(self) -> dict[str, Any]:
+        """The version timeline of the generate replicas: in a run of several policies, every policy's
+        replicas, each row naming its policy (versions are per policy)."""
         d = self.driver
-        rc = getattr(d, "rc", None)
         if d is None:
             return {"now": 0.0, "rows": [], "versions": []}
         self.timeline.feed(d.trace.events)
-        instances = rc.manager.instances if rc is not None else {}
-        names = list(instances) or [f"{d.roles.generate}[{r}]" for r in range(self.graph.nodes[d.roles.generate].replicas)]
-        hosting = {n: i.version for n, i in instances.items()} if instances else {n: 0 for n in names}
-        return self.timeline.section(names, d.clock.now(), hosting)
+        names, hosting, policy = [], {}, {}
+        for u, one in (getattr(d, "drivers", None) or {None: d}).items():
+            rc = getattr(one, "rc", None)
+            instances = rc.manager.instances if rc is not None else {}
+            mine = list(instances) or [f"{one.roles.generate}[{r}]" for r in range(self.graph.nodes[one.roles.generate].replicas)]
+            hosting.update({n: i.version for n, i in instances.items()} if instances else {n: 0 for n in mine})
+            names += mine
+            policy.update({n: u for n in mine})
+        section = self.timeline.section(names, d.clock.now(), hosting)
+        if any(policy.values()):
+            for row in section["rows"]:
+                row["policy"] = policy.get(row["name"])
+        return section
 
 
 def _state(w: Any, op: dict[str, Any], failure: Any, now: float, live_s: float) -> str:
