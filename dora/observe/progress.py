@@ -67,6 +67,9 @@ class RunProgress:
             ("migrated requests", summary.get("migrated_requests")),
             ("run dir", summary.get("run_dir")),
         ]
+        for u, part in (summary.get("policies") or {}).items():   # a run of several policies: each one's
+            rows.insert(-1, (f"{u}: steps, reward first 3 -> last 3",
+                             f"{part.get('steps')}, {_pair(part.get('reward_first3'), part.get('reward_last3')) or '-'}"))
         for k, v in rows:
             table.add_row(k, "-" if v is None else str(v))
         self.console.print(table)

@@ -301,8 +301,10 @@ def _summary(run: _Run, graph, run_dir: str, *, backend: str, seed: int, source:
             summary["accounting"] = driver.finish()
             summary["stop_reason"] = summary.get("stop_reason") or "; ".join(
                 f"{u}: {p['stop_reason']}" for u, p in summary["policies"].items() if p.get("stop_reason")) or None
-            for key in ("c1_violations", "c2_violations", "c3_violations", "weight_loads", "trainer_restarts"):
+            for key in ("c1_violations", "c2_violations", "c3_violations", "weight_loads", "trainer_restarts", "tokens",
+                        "trajectories", "migrated_requests", "reprefill_tokens"):
                 summary[key] = sum(p.get(key) or 0 for p in summary["policies"].values())
+            summary["staleness_max"] = max((p.get("staleness_max") or 0) for p in summary["policies"].values())
             driver.trace.write(os.path.join(run_dir, "trace.json"))
         elif driver is not None:
             summary.update({k: v for k, v in _driver_part(driver).items() if k != "stop_reason"})
