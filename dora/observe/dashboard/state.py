@@ -16,6 +16,8 @@ kept in RUN_DIR/state.json, so the live page and `dora dashboard RUN_DIR` read t
                                migrations [[t, v, +in/-out requests, peers]]}], versions}
      "steps":    [{step, policy_version, reward_mean, tokens_per_s, staleness_max, staleness_mean,
                    step_time_s, rollout_only_s, rollout_only_share, versions_live, wall_s}]}
+A run of several policies (dora/graph/policies.py) adds `policy` to each step (its keys unprefixed)
+and to each timeline row: the page draws a curve per policy and labels the rows.
 
 Everything comes from the run's own state: the workers' live counters (out edges, op
 live_stats) riding on their heartbeats, the controller's view of each worker, the rollout
@@ -44,13 +46,18 @@ STEP_KEYS = ("step", "policy_version", "reward_mean", "tokens_per_s", "staleness
 
 
 def steps_section(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The curves' data from metrics.jsonl records (rollout_only_share = rollout_only_s / step_time_s)."""
+    """The curves' data from metrics.jsonl records (rollout_only_share = rollout_only_s / step_time_s).
+    A run of several policies: each step of each policy, its keys unprefixed and `policy` naming it."""
     if len(records) > MAX_STEPS:
         stride = len(records) / MAX_STEPS
         records = [records[int(i * stride)] for i in range(MAX_STEPS - 1)] + [records[-1]]
     out = []
     for r in records:
-        s = {k: r.get(k) for k in STEP_KEYS}
+        policy = r.get("policy")
+        if isinstance(policy, str):
+            r = {"policy": policy, "step": r.get("step"), **{k[len(policy) + 1:]: v for k, v in r.items()
+                                                            if k.startswith(f"{policy}/")}}
+        s = {k: r.get(k) for k in STEP_KEYS + (("policy",) if isinstance(policy, str) else ())}
         st, ro = r.get("step_time_s"), r.get("rollout_only_s")
         s["rollout_only_share"] = ro / st if isinstance(st, (int, float)) and st > 0 and isinstance(ro, (int, float)) else None
         out.append(s)
