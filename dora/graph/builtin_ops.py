@@ -239,7 +239,9 @@ FRONTIER = OpSpec(
     adds=("reward", "answers_reward_mean"),
     params=_params(
         P("answers", "int?", None, "answers per trajectory (null = the group size of the policy that answers)", min=1),
-        P("target", "float", 0.5, "the answers' mean reward that scores 1", min=0.0, max=1.0),
+        P("target", "float", 0.5, "the answers' mean reward (or success rate) that scores 1", min=0.0, max=1.0),
+        P("success", "float?", None, "an answer whose reward reaches this solves the problem, and the trajectory is "
+          "scored on the share of answers that do (null: on their mean reward)"),
         P("version_column", "str?", None, "the column recording the answering policy's newest version among the "
           "answers (null = <its update node>_version)"),
     ),

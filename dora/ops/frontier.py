@@ -6,8 +6,9 @@ of one solver group have arrived for a proposal, the proposal's reward is
 
     1 - |mean - target| / max(target, 1 - target)
 
-of the answers' mean reward: 1 at the solver's frontier (with target 1/2, R-Zero's uncertainty reward
-1 - 2|mean - 1/2|), 0 where the solver always or never succeeds. The first whole group of answers to
+of the answers' mean reward, or with `success` set of the share of answers whose reward reaches it (an
+answer that solves the problem): 1 at the solver's frontier (with target 1/2, R-Zero's uncertainty
+reward 1 - 2|mean - 1/2|), 0 where the solver always or never succeeds. The first whole group of answers to
 a proposal scores it (a group the solver's run dispatched again, e.g. after a replica died, answers
 the same problem); later groups for it are counted and ignored. Each row goes out with `reward`,
 `answers_reward_mean` and `<version_column>`: the newest version of the answering policy among the
@@ -40,7 +41,7 @@ class FrontierOp(Operator):
         p = ctx.params
         if p["answers"] is None:
             raise ValueError(f"{ctx.label}: answers is unknown (no generate node upstream of its `solved` input); set it")
-        self.answers, self.target = p["answers"], p["target"]
+        self.answers, self.target, self.success = p["answers"], p["target"], p["success"]
         self.version_column = p["version_column"] or DEFAULT_VERSION_COLUMN
         self.rows: dict[str, dict[str, Any]] = {}                # proposal uid -> its row, until scored
         self.scores: dict[str, tuple[float, float, int]] = {}     # proposal uid -> (reward, mean, version) until its row
@@ -73,7 +74,8 @@ class FrontierOp(Operator):
             self.ignored_answers += 1
             return
         members = self.partial[(src, row["group_id"])]
-        members.append((float(row["reward"]), int(row["policy_version"])))
+        reward = float(row["reward"])
+        members.append((reward if self.success is None else float(reward >= self.success), int(row["policy_version"])))
         if len(members) == self.answers:
             for key in [k for k in self.partial if k[0] == src]:   # (other attempts at the same problem)
                 self.ignored_answers += len(self.partial.pop(key)) if key[1] != row["group_id"] else 0
