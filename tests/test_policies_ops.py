@@ -62,3 +62,17 @@ def test_frontier_reward_peaks_at_the_target():
     assert frontier_reward(0.5, 0.5) == 1.0 and frontier_reward(0.0, 0.5) == frontier_reward(1.0, 0.5) == 0.0
     assert frontier_reward(0.25, 0.5) == pytest.approx(0.5)
     assert frontier_reward(0.7, 0.7) == 1.0 and frontier_reward(0.0, 0.7) == 0.0 and frontier_reward(1.0, 0.7) > 0.5
+
+
+def test_frontier_repetition_penalty_scores_a_group_at_once():
+    op = FrontierOp()
+    op.setup(op_context("frontier", {"answers": 2, "repetition": 1.0}, async_={"group_size": 3}))
+    op.process(proposals(["9-0", "9-1", "9-2"], ["aaa", "aaa", "a"], [0, 0, 0], prompts=("?a",) * 3), "trajectories")
+    rows = lambda src, problem, rewards: pa.RecordBatch.from_pylist(   # noqa: E731
+        [{"source_uid": src, "group_id": hash(src) % 1000, "reward": r, "policy_version": 0, "prompt": problem}
+         for r in rewards])
+    assert op.process(rows("9-0", "3*a", [1.0, 0.0]), "solved") == []
+    assert op.process(rows("9-1", "3*a", [1.0, 0.0]), "solved") == []    # two of three scored: the group waits
+    got = {r["uid"]: r["reward"] for r in op.process(rows("9-2", "1*a", [1.0, 0.0]), "solved")[0].to_pylist()}
+    # each at the frontier (1.0), less the share of the group posing its problem
+    assert got == pytest.approx({"9-0": 1 - 2 / 3, "9-1": 1 - 2 / 3, "9-2": 1 - 1 / 3})

@@ -242,6 +242,8 @@ FRONTIER = OpSpec(
         P("target", "float", 0.5, "the answers' mean reward (or success rate) that scores 1", min=0.0, max=1.0),
         P("success", "float?", None, "an answer whose reward reaches this solves the problem, and the trajectory is "
           "scored on the share of answers that do (null: on their mean reward)"),
+        P("repetition", "float", 0.0, "R-Zero's repetition penalty: the reward less this x the share of the "
+          "trajectory's group that poses the same problem", min=0.0),
         P("version_column", "str?", None, "the column recording the answering policy's newest version among the "
           "answers (null = <its update node>_version)"),
     ),

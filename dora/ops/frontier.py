@@ -8,7 +8,11 @@ of one solver group have arrived for a proposal, the proposal's reward is
 
 of the answers' mean reward, or with `success` set of the share of answers whose reward reaches it (an
 answer that solves the problem): 1 at the solver's frontier (with target 1/2, R-Zero's uncertainty
-reward 1 - 2|mean - 1/2|), 0 where the solver always or never succeeds. The first whole group of answers to
+reward 1 - 2|mean - 1/2|), 0 where the solver always or never succeeds. With `repetition` > 0 a proposal
+is also penalised for the proposals of its own group that pose the same problem (R-Zero's repetition
+penalty, which keeps a challenger from collapsing onto one problem): reward = max(0, frontier -
+repetition x (its group's proposals with its problem, itself included) / group size), so rows go out a
+whole group at a time (the advantage op after it waits for whole groups anyway). The first whole group of answers to
 a proposal scores it (a group the solver's run dispatched again, e.g. after a replica died, answers
 the same problem); later groups for it are counted and ignored. Each row goes out with `reward`,
 `answers_reward_mean` and `<version_column>`: the newest version of the answering policy among the
@@ -41,10 +45,12 @@ class FrontierOp(Operator):
         p = ctx.params
         if p["answers"] is None:
             raise ValueError(f"{ctx.label}: answers is unknown (no generate node upstream of its `solved` input); set it")
-        self.answers, self.target, self.success = p["answers"], p["target"], p["success"]
+        self.answers, self.target, self.success, self.repetition = p["answers"], p["target"], p["success"], p["repetition"]
+        self.group_size = ctx.async_.group_size   # (the proposing policy's G: None without a dataset)
+        self.groups: dict[Any, list[dict[str, Any]]] = collections.defaultdict(list)   # scored rows, by their group
         self.version_column = p["version_column"] or DEFAULT_VERSION_COLUMN
         self.rows: dict[str, dict[str, Any]] = {}                # proposal uid -> its row, until scored
-        self.scores: dict[str, tuple[float, float, int]] = {}     # proposal uid -> (reward, mean, version) until its row
+        self.scores: dict[str, tuple[float, float, int, str]] = {}   # proposal uid -> (reward, mean, version, problem)
         self.partial: dict[tuple[str, Any], list[tuple[float, int]]] = collections.defaultdict(list)
         self.done: set[str] = set()                               # proposals already sent on
         self.schema: pa.Schema | None = None                      # the proposals' own, plus what this op adds
@@ -81,17 +87,31 @@ class FrontierOp(Operator):
                 self.ignored_answers += len(self.partial.pop(key)) if key[1] != row["group_id"] else 0
             del self.partial[(src, row["group_id"])]
             mean = sum(r for r, _ in members) / len(members)
-            self.scores[src] = (frontier_reward(mean, self.target), mean, max(v for _, v in members))
+            self.scores[src] = (frontier_reward(mean, self.target), mean, max(v for _, v in members), str(row.get("prompt")))
 
     def _ready(self) -> list[pa.RecordBatch]:
         out = []
         for uid in [u for u in self.scores if u in self.rows]:
-            reward, mean, version = self.scores.pop(uid)
+            reward, mean, version, problem = self.scores.pop(uid)
             row = self.rows.pop(uid)
-            out.append({**row, "reward": reward, "answers_reward_mean": mean, self.version_column: version})
+            scored = {**row, "reward": reward, "answers_reward_mean": mean, self.version_column: version}
             self.done.add(uid)
+            if self.group_size is None:
+                out.append(scored)
+                continue
+            group = self.groups[row["group_id"]]
+            group.append((scored, problem))
+            if len(group) == self.group_size:
+                del self.groups[row["group_id"]]
+                out += self._penalised(group)
         return [pa.RecordBatch.from_pylist(out, schema=self.schema)] if out else []
 
+    def _penalised(self, group: list[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
+        """A whole group, each proposal's reward less its repetition penalty."""
+        same = collections.Counter(problem for _, problem in group)
+        return [{**row, "reward": max(0.0, row["reward"] - self.repetition * same[problem] / len(group))}
+                for row, problem in group]
+
     def stats(self) -> dict[str, Any]:
-        return {"waiting_rows": len(self.rows), "waiting_scores": len(self.scores),
+        return {"waiting_rows": len(self.rows), "waiting_scores": len(self.scores), "waiting_groups": len(self.groups),
                 "partial_groups": len(self.partial), "ignored_answers": self.ignored_answers}
