@@ -145,3 +145,9 @@ def test_memory_shares_of_two_policies_on_one_device(tmp_path):
 def test_per_policy_entry_shapes(tmp_path, bad, said):
     text = TEXT.replace("    challenger: {train_batch: 16}", bad)
     assert said in only_error(tmp_path, text).message
+
+
+def test_elastic_lending_is_checked_per_policy(tmp_path):
+    assert errors(tmp_path, TEXT, ["async.elastic=true"]) == []   # each trainer has its own pool's devices to lend
+    d = only_error(tmp_path, TEXT, ["async.elastic=true", "nodes.challenger.pool=rollout", "pools.rollout.count=3"])
+    assert "'challenger' and 'challenger_rollout' share pool 'rollout'" in d.message

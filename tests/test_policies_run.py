@@ -11,8 +11,9 @@ import pytest
 
 from e2e_audit import PolicyRunDir, RunDir, check_accounting, check_ledger, check_metrics, dora_run
 
+# (async.elastic: each trainer lends its devices to its own generate node while it waits)
 SHORT = ["nodes.challenger_rollout.params.max_tokens=24", "nodes.solver_rollout.params.max_tokens=24",
-         "nodes.problems.params.task_params.max_count=24", "run.save_every=1"]
+         "nodes.problems.params.task_params.max_count=24", "run.save_every=1", "async.elastic=true"]
 TBS = {"solver": 32, "challenger": 16}
 
 
@@ -32,6 +33,7 @@ def test_each_policy_is_audited_as_a_run_of_its_own(run):
         check_accounting(part, steps, TBS[policy])
         check_ledger(part, steps, TBS[policy], group_size=4, max_staleness=0)
         assert part.summary["c1_violations"] == 0 and part.summary["trainer_restarts"] == 0
+        assert part.summary["elastic"]["spares"] == [f"{policy}_rollout[1]"] and part.summary["elastic"]["lends"] >= 1
         assert (run / "policies" / policy / "checkpoints" / f"step_{steps}" / "manifest.json").is_file()
     top = RunDir(run)
     assert top.summary["accounting"]["lost"] == 0 and top.summary["c3_violations"] == 0

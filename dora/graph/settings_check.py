@@ -110,10 +110,18 @@ def _elastic_problems(g: Graph, specs: dict[str, OpSpec | None], params: dict[st
         return []
     at = g.loc_of("async.elastic")
     gens, ups = nodes_with(specs, "generate"), nodes_with(specs, "update")
+    if is_multi_policy(specs):   # each policy lends its own trainer's devices to its own generate node
+        pairs = [(p.generate, p.update) for p in find_policies(g, specs) if p.generate is not None]
+        return [d for gen, up in pairs for d in _elastic_pair(g, params, gen, up, at)]
     if len(gens) != 1 or len(ups) != 1:
         return [error(f"async.elastic needs an RL graph with one generate and one update node (found {len(gens)} "
                       f"generate, {len(ups)} update): there are no trainer devices to lend", at)]
-    gen, up = g.nodes[gens[0]], g.nodes[ups[0]]
+    return _elastic_pair(g, params, gens[0], ups[0], at)
+
+
+def _elastic_pair(g: Graph, params: dict[str, dict[str, Any]], gen_name: str, up_name: str, at) -> list[Diagnostic]:
+    """What elastic lending needs of one trainer and the generate node it serves."""
+    gen, up = g.nodes[gen_name], g.nodes[up_name]
     diags = []
     if (gen.pool or None) == (up.pool or None):
         where = f"pool {up.pool!r}" if up.pool else "the default cpu pool"
