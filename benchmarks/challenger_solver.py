@@ -1,9 +1,10 @@
 """Two policies in one run learn together: pipelines/challenger_solver.yaml (issue 34).
 
 Per seed, one `dora run` of the pipeline (checkpoints every 5 steps, all kept), then:
-  - the solver's held-out reward: its checkpoints (and the initial weights) sample G answers to a fixed
-    set of quickstart prompts it never trained on (the quickstart task's own distribution, seed 12345),
-    scored by the task; the mean at step 0 and at its last step
+  - the solver's held-out reward: its last checkpoint and its initial weights sample G answers (T = 1) to
+    two fixed sets of quickstart problems it never trained on (held_out_sets: counts 1..120 of a and d,
+    the problems a challenger can pose; and the quickstart task's own mix, mostly counts 1..3), scored
+    by the task
   - the solver's and the challenger's training reward (metrics.jsonl: solver/reward_mean, the task's
     grade of its answers; challenger/reward_mean, the frontier reward: 1 where the solver succeeds half
     the time), first 3 vs last 3 steps
@@ -22,6 +23,7 @@ import argparse
 import collections
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -29,6 +31,7 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -50,13 +53,22 @@ def dora_run(out: Path, seed: int, *extra: str) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
+def held_out_sets(prompts: int) -> dict[str, list[dict]]:
+    """Two fixed sets of quickstart problems the solver never trains on (it sees only the challenger's):
+    `counts` spans the problems a challenger can pose (symbols a and d in turn, counts uniform in
+    1..120), `quickstart` is the quickstart task's own mix (80% a with counts 1..3, 20% d with 40..120)."""
+    rng = random.Random(12345)
+    counts = [{"prompt": f"{n}*{c}", "answer": c * n} for c, n in
+              ((("a", "d")[i % 2], rng.randint(1, 120)) for i in range(prompts))]
+    return {"counts": counts, "quickstart": get_task("quickstart").make(prompts, 12345, max_count=120)}
+
+
 @torch.no_grad()
-def held_out_reward(model_cfg: dict, seed: int, prompts: int, group: int, max_tokens: int = 128) -> float:
-    """Mean quickstart reward of `group` samples (T = 1) for each of `prompts` held-out prompts."""
+def held_out_reward(model_cfg: dict, seed: int, rows: list[dict], group: int, max_tokens: int = 128) -> float:
+    """Mean quickstart reward of `group` samples (T = 1) for each held-out problem, all in one batch."""
     torch.manual_seed(0)
     model, tok = load_policy(model_cfg, seed=seed)
     task = get_task("quickstart")
-    rows = task.make(prompts, 12345, max_count=120)
     gen = torch.Generator().manual_seed(7)
     prompts_ids = [tok.encode(r["prompt"], add_special_tokens=False) for r in rows for _ in range(group)]
     answers = [r["answer"] for r in rows for _ in range(group)]
@@ -76,13 +88,13 @@ def learning(out: Path, seed: int, args) -> dict:
     summary = json.loads((out / "summary.json").read_text())
     assert rc == 0, (rc, p.stdout.read()[-3000:])
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x]
-    base = json.loads(json.dumps(__import__("yaml").safe_load((out / "pipeline.yaml").read_text())["model"]))
+    base = yaml.safe_load((out / "pipeline.yaml").read_text())["model"]   # the initial weights: seeded by the run
     row = {"seed": seed, "wall_s": round(summary["wall_s"], 1)}
-    ckpts = sorted((out / "policies" / "solver" / "checkpoints").glob("step_*"), key=lambda q: int(q.name[5:]))
-    curve = {0: held_out_reward(base, seed, args.prompts, args.group)}
-    for c in ckpts:
-        curve[int(c.name[5:])] = held_out_reward({"path": str(c)}, seed, args.prompts, args.group)
-    row["solver_held_out"] = {k: round(v, 4) for k, v in curve.items()}
+    last = max((out / "policies" / "solver" / "checkpoints").glob("step_*"), key=lambda q: int(q.name[5:]))
+    row["solver_last_step"] = int(last.name[5:])
+    for name, rows in held_out_sets(args.prompts).items():
+        row[f"solver_held_out_{name}"] = [round(held_out_reward(cfg, seed, rows, args.group), 4)
+                                          for cfg in (base, {"path": str(last)})]
     for u in POLICIES:
         rew = [r["reward_mean"] for r in policy_records(records, u)]
         part = summary["policies"][u]
@@ -173,17 +185,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--out", default="runs/bench-challenger-solver")
-    ap.add_argument("--prompts", type=int, default=48, help="held-out quickstart prompts")
+    ap.add_argument("--prompts", type=int, default=48, help="problems in each held-out set")
     ap.add_argument("--group", type=int, default=4, help="samples per held-out prompt")
     ap.add_argument("--chaos", action="store_true", help="also kill each trainer, and the run (then --resume)")
     args = ap.parse_args(argv)
     base = Path(args.out)
     results = {"learning": [learning(base / f"seed_{s}", s, args) for s in args.seeds]}
-    print(f"{'seed':>4} {'solver held-out 0 -> last':>26} {'solver train r':>16} {'challenger r':>16} {'C1-C3':>12} {'lost':>5} {'wall s':>7}")
+    print(f"{'seed':>4} {'held-out counts':>16} {'held-out quickstart':>20} {'solver train r':>16} {'challenger r':>16} "
+          f"{'C1-C3':>12} {'lost':>5} {'wall s':>7}")
     for row in results["learning"]:
-        h = row["solver_held_out"]
-        last = max(h)
-        print(f"{row['seed']:>4} {h[0]:>12.3f} -> {h[last]:.3f} (s{last:<2}) "
+        c, q = row["solver_held_out_counts"], row["solver_held_out_quickstart"]
+        print(f"{row['seed']:>4} {c[0]:>7.3f}->{c[1]:.3f} {q[0]:>11.3f}->{q[1]:.3f} "
               f"{row['solver']['reward_first3']:>7.3f}->{row['solver']['reward_last3']:.3f} "
               f"{row['challenger']['reward_first3']:>7.3f}->{row['challenger']['reward_last3']:.3f} "
               f"{str(row['solver']['c1_c2_c3'] + row['challenger']['c1_c2_c3']):>12} "
