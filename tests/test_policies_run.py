@@ -35,6 +35,10 @@ def test_each_policy_is_audited_as_a_run_of_its_own(run):
         assert part.summary["c1_violations"] == 0 and part.summary["trainer_restarts"] == 0
         assert part.summary["elastic"]["spares"] == [f"{policy}_rollout[1]"] and part.summary["elastic"]["lends"] >= 1
         assert (run / "policies" / policy / "checkpoints" / f"step_{steps}" / "manifest.json").is_file()
+    # the solver trained its 2 steps first and went on answering the challenger's proposals (the
+    # challenger's 2 steps need 4 steps' worth of answers): those answers are accounted, never trained
+    solver = PolicyRunDir(run, "solver").summary["accounting"]
+    assert solver["dropped_by_reason"].get("after_last_step", 0) > 0, solver
     top = RunDir(run)
     assert top.summary["accounting"]["lost"] == 0 and top.summary["c3_violations"] == 0
     assert not (run / "trained.jsonl").exists() and not (run / "checkpoints").exists()
@@ -74,3 +78,41 @@ def test_resume_continues_each_policy_from_its_own_checkpoint(run):
         assert acc["lost"] == 0 and acc["trained_total"] == 3 * TBS[policy]
         acc["trained"] = acc["trained_total"]   # (this segment's books tie to the earlier one's by trained_before)
         check_ledger(part, 3, TBS[policy], group_size=4, max_staleness=0)
+
+
+@pytest.mark.chaos
+def test_a_dead_trainer_restarts_its_policy_alone(tmp_path):
+    """The challenger's trainer SIGKILLed after its step 2 (checkpoints every 2 steps): it restarts from
+    its own last checkpoint; the solver goes on untouched. One lineage per policy, nothing lost."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from test_run_lifecycle import ROOT, _replica_pid, finish
+
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.Popen([sys.executable, "-m", "dora.cli", "run", str(ROOT / "pipelines" / "challenger_solver.yaml"),
+                          *SHORT[:3], "run.save_every=2", "nodes.solver.params.steps=8", "nodes.challenger.params.steps=4",
+                          "--out", str(out), "--quiet"], cwd=str(ROOT), env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 400
+    while True:
+        lines = (out / "metrics.jsonl").read_text().splitlines() if (out / "metrics.jsonl").exists() else []
+        if sum('"policy": "challenger"' in x for x in lines) >= 2:
+            break
+        assert p.poll() is None and time.monotonic() < deadline, p.stdout.read() if p.poll() is not None else "slow"
+        time.sleep(0.3)
+    os.kill(_replica_pid(p.pid, "challenger", 0), signal.SIGKILL)
+    assert finish(p, 600) == 0
+    for policy, steps in (("solver", 8), ("challenger", 4)):
+        part = PolicyRunDir(out, policy)
+        check_metrics(part, steps, TBS[policy])   # each step of each policy once
+        acc = part.summary["accounting"]
+        assert acc["lost"] == 0 and acc["trained"] == steps * TBS[policy]
+        check_ledger(part, steps, TBS[policy], group_size=4, max_staleness=0)
+        assert part.summary["trainer_restarts"] == (1 if policy == "challenger" else 0)
+    rolled = [json.loads(f.read_text()) for f in (out / "rolled_back").glob("*/rolled_back.json")]
+    assert all(r["policy"] == "challenger" for r in rolled)   # (none when the kill landed right at a checkpoint)

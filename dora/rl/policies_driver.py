@@ -158,10 +158,6 @@ class MultiPolicyDriver:
             total = run_accounting.merge(total, d.finish())
         return total
 
-    @property
-    def respawns(self) -> int:
-        return max(d.respawns for d in self.drivers.values())
-
 
 def _dry(d: RLDriver) -> bool:
     """A finished policy that will roll out nothing more: nothing in flight, no prompts left."""
