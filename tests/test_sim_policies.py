@@ -38,3 +38,21 @@ def test_the_cli_prints_a_row_per_split_and_refuses_bad_policies(tmp_path, capsy
     assert simulate_main(["--policy", "solver:dapo-math", "--policy", "b:sigma-1.0:64"]) == 2
     assert "expected NAME:WORKLOAD:TBS" in capsys.readouterr().err
     assert simulate_main(["--policy", "a:nope:64", "--policy", "b:sigma-1.0:64"]) == 2
+
+
+def test_parked_requests_of_two_versions_take_two_empty_instances():
+    """Requests parked with their KV (a reclaimed instance's, of versions no instance holds) go to empty
+    instances that load their version: one instance per version, never one loading both in turn."""
+    from test_rollout_invariants import FakeInstance
+
+    from dora.rl.rollout import Request, RolloutConfig, RolloutController
+    from dora.rl.rollout.types import RequestState
+
+    insts = [FakeInstance("i0"), FakeInstance("i1")]
+    c = RolloutController(RolloutConfig(mode="dora", train_batch=1, rollout_batch=2, group_size=1, max_staleness=3),
+                          insts, lambda n: [], type("Clock", (), {"now": lambda self: 0.0})())
+    c.start()
+    reqs = [Request("a", "ga", 5, 10, 100), Request("b", "gb", 6, 10, 100)]
+    c.dispatch.park(reqs, [RequestState(r.uid, r.group_id, r.version, 10, 3, True, 30, 100, (r.version,)) for r in reqs])
+    c.dispatch.place_parked()
+    assert sorted((i.version, sorted(i.reqs)) for i in insts) == [(5, ["a"]), (6, ["b"])]
