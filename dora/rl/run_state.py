@@ -58,6 +58,9 @@ def capture(driver, step: int) -> Snapshot:
         "step": step, "version": step, "consumed": list(prompts.consumed), "sampling_states": sampling,
         "reissue": reissue, "trained_before": driver.trained_before + driver.trained_here + len(trained),
         "pending_trajectories": len(pending_rows),
+        # (a resumed run numbers its reissued groups on from here: -1, -2, ... of the groups requeued
+        # above stay theirs, and a to_prompts node downstream never sees one trajectory uid twice)
+        "reissue_serial": prompts.reissue_serial,
     }
     pending = pa.Table.from_pylist(pending_rows, schema=feed.schema) if pending_rows else None
     return Snapshot(step, state, pending)
@@ -97,6 +100,7 @@ def restore(driver, state: dict[str, Any], pending: pa.Table | None) -> None:
         driver._done = True
         driver.stop_reason = f"already complete: {driver.steps_done} of {driver.total_steps} steps"
     driver.prompts.consumed = list(state["consumed"])
+    driver.prompts.reissue_serial = int(state.get("reissue_serial", 0))
     driver.trained_before = int(state["trained_before"])
     for rows in reversed(state["reissue"]):
         driver.prompts.requeue(rows)
