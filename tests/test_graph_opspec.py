@@ -34,8 +34,8 @@ def doc_table() -> dict[str, dict]:
 
 def test_builtins_match_the_architecture_table():
     table = doc_table()
-    assert set(table) == set(BUILTIN_OPS) == {"dataset", "generate", "reward", "reward_model", "judge",
-                                                 "reference", "critic", "advantage", "filter", "update"}
+    assert set(table) == set(BUILTIN_OPS) == {"dataset", "generate", "reward", "reward_model", "judge", "reference",
+                                              "critic", "advantage", "filter", "update", "to_prompts", "frontier"}
     for op, row in table.items():
         spec = BUILTIN_OPS[op]
         assert [c for p in spec.inputs for c in p.needs] == row["needs"], op
@@ -48,7 +48,8 @@ def test_ports_and_impl_paths():
     ports = {op: [p.name for p in s.inputs] for op, s in BUILTIN_OPS.items()}
     assert ports == {"dataset": [], "generate": ["prompts"], "reward": ["trajectories"], "reference": ["trajectories"],
                      "critic": ["trajectories"], "advantage": ["scored"], "filter": ["scored"], "update": ["batch"],
-                     "reward_model": ["trajectories"], "judge": ["trajectories"]}
+                     "reward_model": ["trajectories"], "judge": ["trajectories"],
+                     "to_prompts": ["trajectories"], "frontier": ["trajectories", "solved"]}
     for op, s in BUILTIN_OPS.items():
         cls = "".join(w.capitalize() for w in op.split("_")) + "Op"
         assert s.outputs == ("out",) and s.impl == f"dora.ops.{op}:{cls}"

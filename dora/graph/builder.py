@@ -132,13 +132,16 @@ class Pipeline:
         return self.graph.async_
 
     def node(self, name: str, op: str, *, pool: str | None = None, replicas: int = 1, devices: int = 1,
-             memory: float | None = None, params: dict[str, Any] | None = None, **kw_params: Any) -> NodeRef:
+             memory: float | None = None, model: dict[str, Any] | None = None, params: dict[str, Any] | None = None,
+             **kw_params: Any) -> NodeRef:
         """Add a node; params come as `params=` and/or keyword arguments. `devices` is per replica;
-        `memory` the fraction of each of its devices' memory a replica holds (sharing a pool's devices)."""
+        `memory` the fraction of each of its devices' memory a replica holds (sharing a pool's devices);
+        `model` this node's model, merged over the pipeline's (a policy of its own size)."""
         if name in self.graph.nodes:
             raise ValueError(f"node {name!r} already exists")
         self.graph.nodes[name] = Node(name=name, op=op, params=_plain({**(params or {}), **kw_params}), pool=pool,
-                                      replicas=replicas, devices=devices, memory=memory)
+                                      replicas=replicas, devices=devices, memory=memory,
+                                      model=_plain(dict(model)) if model is not None else None)
         return NodeRef(self, name)
 
     def connect(self, src: str, src_port: str, dst: str, dst_port: str, **options: Any) -> Edge:

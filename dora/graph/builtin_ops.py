@@ -299,6 +299,48 @@ UPDATE = OpSpec(
     when=(When("kl_coef", (0, 0.0), needs=("ref_logprobs",), negate=True),),
 )
 
+# Data across policies (docs/architecture.md, "Several policies")
+TO_PROMPTS = OpSpec(
+    name="to_prompts",
+    doc="Another policy's prompts from this policy's trajectories: each trajectory becomes one prompt group "
+        "(a challenger's proposal becomes a solver's problem)",
+    inputs=(PortSpec("trajectories", ("uid", "response_text", "policy_version")),),
+    adds=("uid", "group_id", "prompt", "prompt_ids", "answer", "task", "source_uid"),
+    params=_params(
+        P("task", "str", "synthetic:quickstart", "the synthetic task whose propose rule turns a response into a problem "
+          "and whose scorer grades the answers", names_from="dora.ops.to_prompts:propose_problem"),
+        P("task_params", "dict", {}, "extra arguments for the task's propose rule"),
+        P("group_size", "int", 8, "responses per problem (G of the policy it feeds)", min=1),
+        P("chat_template", "str?", None, "chat template (null = the model's default)"),
+        P("version_column", "str?", None, "the column recording the proposing policy's version (null = "
+          "<its update node>_version)"),
+    ),
+    impl="dora.ops.to_prompts:ToPromptsOp",
+    carries=(),
+)
+
+FRONTIER = OpSpec(
+    name="frontier",
+    doc="Score a policy's trajectories by another policy's answers to them: reward 1 at the answers' target "
+        "success rate (R-Zero's uncertainty reward at target 0.5), falling to 0 where they always or never succeed",
+    inputs=(PortSpec("trajectories", ("uid", "group_id")),
+            PortSpec("solved", ("source_uid", "group_id", "reward", "policy_version"))),
+    adds=("reward", "answers_reward_mean"),
+    params=_params(
+        P("answers", "int?", None, "answers per trajectory (null = the group size of the policy that answers)", min=1),
+        P("target", "float", 0.5, "the answers' mean reward (or success rate) that scores 1", min=0.0, max=1.0),
+        P("success", "float?", None, "an answer whose reward reaches this solves the problem, and the trajectory is "
+          "scored on the share of answers that do (null: on their mean reward)"),
+        P("repetition", "float", 0.0, "R-Zero's repetition penalty: the reward less this x the share of the "
+          "trajectory's group that poses the same problem", min=0.0),
+        P("version_column", "str?", None, "the column recording the answering policy's newest version among the "
+          "answers (null = <its update node>_version)"),
+    ),
+    impl="dora.ops.frontier:FrontierOp",
+    carries=("trajectories",),
+)
+
 BUILTIN_OPS: dict[str, OpSpec] = {
-    s.name: s for s in (DATASET, GENERATE, REWARD, REWARD_MODEL, JUDGE, REFERENCE, CRITIC, ADVANTAGE, FILTER, UPDATE)
+    s.name: s for s in (DATASET, GENERATE, REWARD, REWARD_MODEL, JUDGE, REFERENCE, CRITIC, ADVANTAGE, FILTER, UPDATE,
+                        TO_PROMPTS, FRONTIER)
 }

@@ -179,6 +179,9 @@ class OpSpec:
     # "pkg.module:function", filled params -> (needs, adds); its docstring's first line is what
     # `dora ops` prints. Imported only when a pipeline is checked (a module without torch).
     columns: str | None = None
+    # The input ports whose columns flow on to the output (None: every port's). An op that starts new
+    # rows (to_prompts: a trajectory becomes prompt rows) carries none: its output is what it adds.
+    carries: tuple[str, ...] | None = None
 
     @property
     def is_source(self) -> bool:

@@ -55,6 +55,18 @@ def _section(obj: Any, keys: tuple[str, ...]) -> str:
     return ", ".join(f"{k}={getattr(obj, k)}" for k in keys)
 
 
+def _policies(g: Any) -> list[str]:
+    """With several update nodes, one line per policy: its update, generate and prompt source."""
+    from dora.graph.policy_roles import find_policies, is_multi_policy
+
+    specs = {name: builtin_ops().get(n.op) if isinstance(n.op, str) else None for name, n in g.nodes.items()}
+    if not is_multi_policy(specs):
+        return []
+    rows = [(f"%{p.update}:", f"generate {', '.join('%' + x for x in p.generates) or '-'}",
+             f"prompts %{p.prompt_source}" if p.prompt_source else "prompts -") for p in find_policies(g, specs)]
+    return [" policies:"] + _table(rows)
+
+
 def format_graph(g: Any) -> str:
     """`g`: a dora.graph.model.Graph."""
     lines = [f"graph {g.name}:"]
@@ -66,11 +78,19 @@ def format_graph(g: Any) -> str:
         rows = []
         for name, n in g.nodes.items():
             ins = ", ".join(_edge(port, e) for port, e in n.inputs.items())
-            rows.append((f"%{name}", "=", f"{n.op}({ins})", scale_text(n), f"pool {n.pool or '-'}"))
+            own = getattr(n, "model", None)
+            model = f"model {', '.join(f'{k}={v}' for k, v in own.items())}" if isinstance(own, dict) else ""
+            rows.append((f"%{name}", "=", f"{n.op}({ins})", scale_text(n), f"pool {n.pool or '-'}", model))
         lines += _table(rows)
     if g.weights:
         lines.append(" weights:")
         lines += _table([(f"%{w.src}", "->", f"%{w.dst}") for w in g.weights])
-    lines.append(f" async: {_section(g.async_, tuple(section_specs(type(g.async_))))}")
+    lines += _policies(g)
+    keys = tuple(k for k in section_specs(type(g.async_)) if k != "policies")
+    lines.append(f" async: {_section(g.async_, keys)}")
+    policies = getattr(g.async_, "policies", None)
+    if isinstance(policies, dict) and policies:
+        lines += _table([(f"policy %{u}:", ", ".join(f"{k}={v}" for k, v in (o or {}).items()) if isinstance(o, dict)
+                          else repr(o)) for u, o in policies.items()], indent="   ")
     lines.append(f" run: {_section(g.run, tuple(section_specs(type(g.run))))}")
     return "\n".join(lines)

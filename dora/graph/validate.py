@@ -191,13 +191,19 @@ def _check_cycles(g: Graph, specs: dict[str, OpSpec | None], diags: list[Diagnos
         path = " -> ".join(cycle + [cycle[0]])
         back = next(((u, v) for u, v in zip(cycle, cycle[1:] + cycle[:1])
                      if (specs.get(u) and specs[u].is_update) and (specs.get(v) and specs[v].is_generate)), None)
+        gens = [c for c in cycle if specs.get(c) is not None and specs[c].is_generate]
         if back is not None:
             hint = f"data edges must form a DAG; feed weights back with a weights edge instead: weights: [{{from: {back[0]}, to: {back[1]}}}]"
+        elif len(gens) >= 2:
+            hint = "data edges must form a DAG: feed one of these policies its prompts from a dataset"
         else:
             hint = "data edges must form a DAG; the one feedback edge an RL graph needs is a weights edge (update -> generate)"
         closing = g.nodes[cycle[0]].inputs
         loc = next((g.loc_of(f"nodes.{cycle[0]}.inputs.{p}") for p, e in closing.items() if e.src == cycle[-1]), g.nodes[cycle[0]].loc)
-        diags.append(error(f"data edges form a cycle through {', '.join(repr(c) for c in cycle)}: {path}", loc, node=cycle[0], hint=hint))
+        what = (f"a cycle of data between the policies of generate nodes {', '.join(repr(x) for x in gens)}: {path} "
+                "(each one's prompts wait for another's output, and no dataset starts it)" if len(gens) >= 2 and back is None
+                else f"data edges form a cycle through {', '.join(repr(c) for c in cycle)}: {path}")
+        diags.append(error(what, loc, node=cycle[0], hint=hint))
     return on_cycle
 
 

@@ -21,7 +21,7 @@ from dora.graph.opspec import did_you_mean
 from dora.graph.sections import section_specs
 
 TOP_KEYS = ("name", "description", "defaults", "model", "pools", "nodes", "weights", "async", "run")
-NODE_KEYS = ("op", "params", "pool", "replicas", "devices", "memory", "inputs")
+NODE_KEYS = ("op", "params", "pool", "replicas", "devices", "memory", "model", "inputs")
 EDGE_KEYS = ("from", "group_by", "capacity", "capacity_bytes", "routing")
 POOL_KEYS = ("device", "count")
 WEIGHTS_KEYS = ("from", "to")
@@ -328,7 +328,7 @@ def graph_from_data(data: Any, locs: Locs, file: str | None) -> tuple[Graph | No
             diags.append(error("'params' must be a mapping", locs.get(f"{path}.params", loc), node=str(name)))
             params = {}
         node = Node(name=str(name), op=n["op"], params=params, pool=n.get("pool"), replicas=n.get("replicas", 1),
-                    devices=n.get("devices", 1), memory=n.get("memory"), loc=loc)
+                    devices=n.get("devices", 1), memory=n.get("memory"), model=n.get("model"), loc=loc)
         inputs = n.get("inputs") or {}
         if not isinstance(inputs, dict):
             diags.append(error("'inputs' must be a mapping of port -> NODE/PORT", locs.get(f"{path}.inputs", loc), node=str(name), hint="inputs: {prompts: prompts/out}"))
@@ -427,6 +427,8 @@ def graph_to_data(g: Graph) -> dict[str, Any]:
             nd["devices"] = n.devices
         if n.memory is not None:
             nd["memory"] = n.memory
+        if n.model is not None:
+            nd["model"] = n.model
         if n.inputs:
             ins: dict[str, Any] = {}
             for port, e in n.inputs.items():
@@ -440,7 +442,8 @@ def graph_to_data(g: Graph) -> dict[str, Any]:
     d["nodes"] = nodes
     if g.weights:
         d["weights"] = [{"from": w.src, "to": w.dst} for w in g.weights]
-    d["async"] = {k: getattr(g.async_, k) for k in ASYNC_KEYS}
+    # (policies only where set: a single-policy pipeline's pipeline.yaml reads as it always did)
+    d["async"] = {k: getattr(g.async_, k) for k in ASYNC_KEYS if k != "policies" or g.async_.policies}
     run = {k: getattr(g.run, k) for k in RUN_KEYS if getattr(g.run, k) != section_specs(RunConfig)[k].default}
     if run:
         d["run"] = run

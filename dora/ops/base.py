@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 
+from dora.graph.policy_roles import policy_dir
 from dora.graph.sections import AsyncSettings
 
 
@@ -68,6 +69,15 @@ class OpContext:
     @property
     def label(self) -> str:
         return f"{self.node}[{self.replica}]"
+
+    @property
+    def files_dir(self) -> str | None:
+        """Where this node's policy keeps its own files (the trainer's trained.jsonl, weight versions,
+        checkpoints; a broadcast's rendezvous): run_dir, or run_dir/policies/<update node> in a run of
+        several policies (dora/graph/policies.py)."""
+        if self.run_dir is None or self.async_.policy is None:
+            return self.run_dir
+        return policy_dir(self.run_dir, self.async_.policy)
 
     @property
     def elastic_spare(self) -> bool:

@@ -91,7 +91,7 @@ class GenerateOp(Operator):
         self.receiver = None
         if p["weight_sync"] == "broadcast" and not ctx.elastic_spare:
             keep = ctx.async_.max_staleness + 2
-            self.receiver = WeightReceiver(ctx.run_dir, ctx.replica + 1, ctx.device, keep=keep, label=ctx.label)
+            self.receiver = WeightReceiver(ctx.files_dir, ctx.replica + 1, ctx.device, keep=keep, label=ctx.label)
         self.loads_by_source = {"file": 0, "broadcast": 0}
         if ctx.restore and ctx.restore.get("sampling_state"):
             self.engine.set_sampling_state(ctx.restore["sampling_state"])

@@ -86,13 +86,13 @@ class UpdateOp(ShardedOp):
         if ctx.restore:   # every rank: its shards of the model and optimizer (collective)
             self._restore(ctx.restore["checkpoint"])
         if self.leader:
-            os.makedirs(ctx.run_dir, exist_ok=True)
+            os.makedirs(ctx.files_dir, exist_ok=True)
             # The trainer's own ledger; a resumed run appends to steps 1..N (the controller moved the
             # lines of steps a dead run trained after its checkpoint to RUN_DIR/rolled_back, dora/rl/lineage.py)
-            self.ledger = open(os.path.join(ctx.run_dir, "trained.jsonl"), "a" if ctx.restore else "w", encoding="utf-8")
+            self.ledger = open(os.path.join(ctx.files_dir, "trained.jsonl"), "a" if ctx.restore else "w", encoding="utf-8")
             if p["weight_sync"] == "broadcast":
                 # blocks until every generate replica joined (or raises after the rendezvous deadline)
-                self.broadcaster = WeightBroadcaster(ctx.run_dir, p["broadcast_to"], ctx.device, label=label)
+                self.broadcaster = WeightBroadcaster(ctx.files_dir, p["broadcast_to"], ctx.device, label=label)
         self._publish(seconds_train=None)
 
     # ------------------------------------------------------------------ data in (rank 0)
@@ -124,7 +124,7 @@ class UpdateOp(ShardedOp):
         """
         if self.step == 0 or (folder is None and self.last_saved_step == self.step):
             return {"step": self.step, "folder": None}
-        final = folder or pretrained.checkpoint_dir(self.ctx.run_dir, self.step)
+        final = folder or pretrained.checkpoint_dir(self.ctx.files_dir, self.step)
         target = folder or f"{final}.tmp"
         if folder is None:
             shutil.rmtree(target, ignore_errors=True)
@@ -228,8 +228,8 @@ class UpdateOp(ShardedOp):
         if not self.leader:
             return
         gathered = time.perf_counter() - t0
-        path, nbytes = weights.save_version(state, self.ctx.run_dir, self.version)
-        weights.prune_versions(self.ctx.run_dir, self.keep_versions)
+        path, nbytes = weights.save_version(state, self.ctx.files_dir, self.version)
+        weights.prune_versions(self.ctx.files_dir, self.keep_versions)
         event = {"kind": "weights", "node": self.ctx.node, "version": self.version, "path": path,
                  "bytes": nbytes, "seconds": time.perf_counter() - t0, "gather_s": gathered}
         if self.broadcaster is not None:

@@ -26,6 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from dora.graph.policy_roles import policy_dir
 from dora.graph.resolve import Resolved
 from dora.observe.trace import TraceWriter
 from dora.rl import replica_loss, rollout_start, run_accounting, run_state, trainer_restart
@@ -41,17 +42,20 @@ from dora.rl.multiturn_reports import MultiTurnReports, turn_trace_path
 from dora.rl.trainer_feed import TrainerFeed
 from dora.runtime.errors import RunFailed
 
-RESPAWNABLE_OPS = ("generate", "reward", "reward_model", "judge", "advantage", "filter", "reference")   # (and the trainer: restarted)
+RESPAWNABLE_OPS = ("generate", "reward", "reward_model", "judge", "advantage", "filter", "reference",   # (and the trainer: restarted)
+                   "to_prompts", "frontier")
 
 
 class RLDriver:
     """Controller driver for RL graphs: the rollout control code on the wall clock."""
 
-    def __init__(self, resolved: Resolved, roles: RLRoles, metrics, progress, trace: TraceWriter | None = None):
+    def __init__(self, resolved: Resolved, roles: RLRoles, metrics, progress, trace: TraceWriter | None = None,
+                 *, policy: str | None = None, clock: RunClock | None = None):
         self.graph, self.roles, self.params = resolved.graph, roles, resolved.params
         self.metrics, self.progress = metrics, progress
         self.trace = trace or TraceWriter(enabled=True)
-        a = resolved.async_
+        self.policy = policy   # in a run of several, the update node of this one (dora/rl/policies_driver.py)
+        a = resolved.async_ if policy is None else resolved.policies[policy]
         self.cfg = RolloutConfig(mode=a.mode, train_batch=a.train_batch, rollout_batch=a.rollout_batch,
                                  group_size=a.group_size, max_staleness=a.max_staleness,
                                  versions_per_instance=a.versions_per_instance,
@@ -60,7 +64,7 @@ class RLDriver:
         self.run_cfg = resolved.run
         self.ctrl = None                       # set by attach()
         self.rc: RolloutController | None = None
-        self.clock = RunClock()
+        self.clock = clock or RunClock()
         self.multiturn = MultiTurnReports(self.clock, self.trace, turn_trace_path(metrics))
         self.prompts = PromptFeed(self.graph.nodes[roles.dataset].replicas, self.cfg.group_size, self.cfg.rollout_batch)
         self.feed = TrainerFeed()
@@ -94,6 +98,10 @@ class RLDriver:
     # ------------------------------------------------------------ controller hooks
     def attach(self, ctrl) -> None:
         self.ctrl = ctrl
+
+    @property
+    def files_dir(self) -> str:   # (its trained.jsonl, checkpoints, weight versions)
+        return self.ctrl.run_dir if self.policy is None else policy_dir(self.ctrl.run_dir, self.policy)
 
     def managed_edges(self) -> list[tuple[str, str]]:
         return [(self.roles.dataset, self.roles.generate), (self.roles.trainer_feed, self.roles.update)]

@@ -93,8 +93,8 @@ def run_main(argv: list[str] | None = None) -> int:
         # the run's own pipeline; a positional argument is then an override like the rest
         args.overrides = ([args.pipeline] if args.pipeline else []) + args.overrides
         args.pipeline, args.out = os.path.join(args.resume, "pipeline.yaml"), args.resume
-        resume = _checkpoint_to_resume(args.resume)
-        if resume is None:
+        if not os.path.isfile(args.pipeline):
+            print(f"dora run: --resume {args.resume}: not a run directory (no pipeline.yaml)", file=sys.stderr)
             return 2
     elif args.pipeline is None:
         print("dora run: give a pipeline file (or --resume RUN_DIR)", file=sys.stderr)
@@ -104,6 +104,10 @@ def run_main(argv: list[str] | None = None) -> int:
         return 2
     from dora.graph.resolve import resolve
     resolved = resolve(graph)   # cannot fail: validation ran the same checks
+    if args.resume:   # (each policy's own checkpoints in a run of several)
+        resume = _checkpoint_to_resume(args.resume, list(resolved.policies))
+        if resume is None:
+            return 2
     if args.backend == "local":
         from dora.runtime.backends.local import resolve_transport
         try:
@@ -152,24 +156,38 @@ def run_main(argv: list[str] | None = None) -> int:
 
 def _holds_a_run(run_dir: str) -> bool:
     metrics = os.path.join(run_dir, "metrics.jsonl")
-    return (os.path.isfile(metrics) and os.path.getsize(metrics) > 0) or os.path.isdir(os.path.join(run_dir, "checkpoints"))
+    return ((os.path.isfile(metrics) and os.path.getsize(metrics) > 0) or os.path.isdir(os.path.join(run_dir, "checkpoints"))
+            or os.path.isdir(os.path.join(run_dir, "policies")))
 
 
-def _checkpoint_to_resume(run_dir: str):
+def _checkpoint_to_resume(run_dir: str, policies: list[str] = ()):
     """The run's newest checkpoint that verifies against its manifest (newer ones that do not are
-    named and skipped), or None after saying why not (exit 2)."""
-    from dora.rl import checkpoint
-    if not os.path.isfile(os.path.join(run_dir, "pipeline.yaml")):
-        print(f"dora run: --resume {run_dir}: not a run directory (no pipeline.yaml)", file=sys.stderr)
-        return None
-    found, skipped = checkpoint.trusted(run_dir)
-    for path, why in skipped:   # (moved to rolled_back/ once the run starts: dora/rl/lineage.py)
-        print(f"dora run: --resume {run_dir}: skipping checkpoint {path}: {why}", file=sys.stderr)
+    named and skipped), or None after saying why not (exit 2). In a run of several policies, each
+    policy's own: {policy: Resume, or None for a policy with none (it starts afresh)}."""
+    from dora.graph.policy_roles import policy_dir
+    if policies:
+        found = {u: _trusted(policy_dir(run_dir, u), f"{run_dir} ({u})") for u in policies}
+        if all(r is None for r in found.values()):
+            print(f"dora run: --resume {run_dir}: no policy has a complete checkpoint "
+                  f"(in {run_dir}/policies/<update>/checkpoints)", file=sys.stderr)
+            return None
+        return found
+    found = _trusted(run_dir, run_dir)
     if found is None:
         print(f"dora run: --resume {run_dir}: no complete checkpoint in {run_dir}/checkpoints", file=sys.stderr)
+    return found
+
+
+def _trusted(folder: str, what: str):
+    """checkpoint.Resume of the newest trusted checkpoint in folder/checkpoints (None: none)."""
+    from dora.rl import checkpoint
+    found, skipped = checkpoint.trusted(folder)
+    for path, why in skipped:   # (moved to rolled_back/ once the run starts: dora/rl/lineage.py)
+        print(f"dora run: --resume {what}: skipping checkpoint {path}: {why}", file=sys.stderr)
+    if found is None:
         return None
     if skipped:
-        print(f"dora run: --resume {run_dir}: continuing from {found[1]}", file=sys.stderr)
+        print(f"dora run: --resume {what}: continuing from {found[1]}", file=sys.stderr)
     state, pending = checkpoint.read(found[1])
     return checkpoint.Resume(found[1], state, pending, [path for path, _ in skipped])
 

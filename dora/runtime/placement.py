@@ -173,10 +173,10 @@ def gpu_shortfall(graph: Graph, inventory: Inventory) -> str | None:
 
 
 def plan(graph: Graph, inventory: Inventory | None = None, sharded: set[str] | None = None,
-         spares: Spares | None = None) -> Plan:
+         spares: Spares | list[Spares] | None = None) -> Plan:
     """Where every replica runs. `inventory` defaults to Inventory.planned(graph); `sharded` (the
     nodes whose replicas form one process group) defaults to what the ops declare; `spares` adds
-    spare replicas on a host node's devices."""
+    spare replicas on a host node's devices (a list: several nodes' spares, each on its own host)."""
     inventory = inventory or Inventory.planned(graph)
     sharded = sharded_nodes(graph) if sharded is None else sharded
     pools = pools_of(graph, inventory.cpus)
@@ -219,7 +219,8 @@ def plan(graph: Graph, inventory: Inventory | None = None, sharded: set[str] | N
             env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
             out.append(ReplicaPlacement(name, r, pool.name, pool.device, slots, device, threads, env, gpus,
                                         groups.get(name, 0), memory=n.memory))
-    out += _spare_placements(graph, out, spares)
+    for one in [spares] if isinstance(spares, Spares) else spares or []:
+        out += _spare_placements(graph, out, one)
     p = Plan(pools, out, [], groups, inventory)
     for e in graph.edges:
         how = f"group_by {e.group_by}" if e.group_by else e.routing
