@@ -37,7 +37,8 @@ from dora.rl.replica_instance import CALL_TIMEOUT_S, ReplicaInstance
 from dora.rl.roles import RLRoles
 from dora.rl.shared_devices import SharedDevices
 from dora.rl.rollout import Finished, RolloutConfig, RolloutController
-from dora.rl.step_record import JudgeErrors, driver_step_record
+from dora.rl.row_failures import RowFailures
+from dora.rl.step_record import driver_step_record
 from dora.rl.multiturn_reports import MultiTurnReports, turn_trace_path
 from dora.rl.trainer_feed import TrainerFeed
 from dora.runtime.errors import RunFailed
@@ -74,16 +75,13 @@ class RLDriver:
         self.published_at: dict[int, float] = {}           # version -> when its weights event arrived
         self.steps_done = 0
         self.filtered_uids: list[str] = []
-        self.bad_rows = {"reward_errors": 0, "dataset_skipped": 0}
-        self.judge_errors = JudgeErrors() if "judge" in map(resolved.op_of, self.graph.nodes) else None
+        self.row_failures = RowFailures(judged="judge" in map(resolved.op_of, self.graph.nodes))
         self.accounting: dict[str, Any] = {}
         self._done = False
         self.stop_reason = None
         # checkpoints and resume (dora/rl/run_state.py)
-        self.initial_version = 0
-        self.trained_before = 0                      # trajectories trained by earlier segments of this run
-        self.trained_here = 0                        # ... and by this one
-        self.reissued_at_resume = 0
+        # trained_before: trajectories trained by earlier segments of this run; trained_here: by this one
+        self.initial_version = self.trained_before = self.trained_here = self.reissued_at_resume = 0
         self.restored_finished: list = []
         self.snapshot = None                         # taken at a checkpoint step's publish, written at its train_step
         self.checkpoints: list[str] = []
@@ -139,14 +137,11 @@ class RLDriver:
             self.prompts.close(uids)
             self.feed.forget(uids)
             if uids and self._rc().on_dropped(uids, reason=reason):
-                # The batch we were waiting to complete held a dropped group: it went back to the
-                # queue whole, and the next take builds one without it. (A batch already sent to
-                # the trainer cannot hold one: its rows all came through the filter.)
+                # The batch being completed held a dropped group: it went back whole, the next take
+                # builds one without it (a batch sent to the trainer cannot: its rows passed the filter).
                 self.feed.pending = None
-        elif kind == "judge_errors" and self.judge_errors is not None:
-            self.judge_errors.add(ev)
-        elif kind in ("reward_errors", "dataset_skipped"):   # on_error: zero / skip (the dataset's: bad file rows)
-            self.bad_rows[kind] += len(ev["uids"]) if "uids" in ev else int(ev.get("rows") or 0)
+        elif kind in RowFailures.KINDS:   # rows an op reported rather than failing the run (on_error)
+            self.row_failures.add(kind, ev)
         elif kind == "wire_rejected":   # the first few per worker come with their reason; all are counted
             self.progress.status(f"{node}[{replica}] rejected a message: {ev.get('error')}")
         elif kind == "done" and node == self.roles.update:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dora.graph.builtin_ops import ENGINE_COUNTERS, ENGINE_GAUGES, JUDGE_ERRORS
+from dora.graph.builtin_ops import ENGINE_COUNTERS, ENGINE_GAUGES
 from dora.graph.columns import SOURCE_PREFIX
 
 
@@ -46,8 +46,7 @@ def driver_step_record(d, step: int, version: int, sent: dict[str, Any], ev: dic
     sm = d.rc.step_metrics[-1].to_dict() if d.rc.step_metrics else {}
     counters = {"wire_rejected": d.ctrl.rejected(), "respawns": d.respawns,
                 "reissued_requests": d.prompts.reissued_requests, "trainer_restarts": d.restarts.count}
-    if d.judge_errors is not None:   # a judge's failures since the last step
-        counters.update(d.judge_errors.take())
+    counters.update(d.row_failures.take_step())   # a judge's failures since the last step
     rec = step_record(step=step, version=version, sent=sent, sm=sm, ev=ev, wall_s=now, counters=counters,
                       weight_sync=d.weight_sync.get(version, (None, None)),
                       extra={**(d.elastic.step_metrics() if d.elastic is not None else {}),
@@ -60,28 +59,6 @@ def add_trainer_metrics(rec: dict[str, Any], metrics: dict[str, Any]) -> None:
     """The trainer's own metrics, under their names, or `train/<name>` where the name is taken."""
     for k, v in metrics.items():
         rec.setdefault(f"train/{k}" if k in rec else k, v)
-
-
-class JudgeErrors:
-    """Judge nodes' failures from their `judge_errors` events: per step (metrics judge_<kind>, reset at
-    each step's line) and over the run (summary.json's accounting)."""
-
-    def __init__(self):
-        self.step = dict.fromkeys(JUDGE_ERRORS, 0)
-        self.total = dict.fromkeys(JUDGE_ERRORS, 0)
-
-    def add(self, ev: dict[str, Any]) -> None:
-        for k in JUDGE_ERRORS:
-            self.step[k] += int(ev.get(k) or 0)
-            self.total[k] += int(ev.get(k) or 0)
-
-    def take(self) -> dict[str, int]:
-        out = {f"judge_{k}": n for k, n in self.step.items()}
-        self.step = dict.fromkeys(JUDGE_ERRORS, 0)
-        return out
-
-    def totals(self) -> dict[str, int]:
-        return {f"judge_{k}": n for k, n in self.total.items()}
 
 
 def source_means(rows: list[dict[str, Any]]) -> dict[str, float]:
