@@ -35,7 +35,7 @@ DATASET = OpSpec(
     adds=("uid", "group_id", "prompt", "prompt_ids", "answer", "task"),
     params=_params(
         P("source", "str", "synthetic:quickstart", "synthetic:NAME, reasoning_gym:NAME, or a .jsonl/.parquet path",
-          names_from="dora.ops.dataset:source_problem"),
+          names_from="dora.ops.dataset_settings:source_problem"),
         P("size", "int", 256, "number of distinct prompts (0 = every row of a file)", min=0),
         P("group_size", "int", 8, "responses per prompt (G)", min=1),
         P("batch_prompts", "int", 4, "prompts per emitted batch", min=1),
@@ -48,7 +48,7 @@ DATASET = OpSpec(
           "it (skipped rows are counted in summary.json accounting.dataset_skipped_rows)", choices=("fail", "skip")),
     ),
     impl="dora.ops.dataset:DatasetOp",
-    check="dora.ops.dataset:check_params",
+    check="dora.ops.dataset_settings:check_params",
 )
 
 GENERATE = OpSpec(
@@ -89,9 +89,9 @@ GENERATE = OpSpec(
           "the next turn prefills only the observation; false: every turn prefills its whole context"),
     ),
     impl="dora.ops.generate:GenerateOp",
-    check="dora.ops.generate:check_params",
+    check="dora.ops.generate_settings:check_params",
     is_generate=True,
-    devices_check="dora.ops.generate:devices_problem",
+    devices_check="dora.ops.generate_settings:devices_problem",
     when=(When("max_turns", (1,), adds=MULTITURN_COLUMNS, negate=True),),
 )
 

@@ -110,7 +110,7 @@ def _elastic_problems(g: Graph, specs: dict[str, OpSpec | None], params: dict[st
 def _model_problems(g: Graph) -> list[Diagnostic]:
     if not isinstance(g.model, dict):
         return [error(f"'model' must be a mapping, got {type(g.model).__name__}", g.loc_of("model"))]
-    check = import_object("dora.ops.models:model_problems")
+    check = import_object("dora.ops.model_section:model_problems")
     return [error(msg if msg.startswith("model") else f"model: {msg}", g.loc_of(f"model.{key}" if key else "model"))
             for key, msg in check(g.model)]
 

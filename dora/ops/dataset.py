@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import random
 from typing import Any, Iterator
 
@@ -31,7 +30,8 @@ import pyarrow as pa
 
 from dora.graph.columns import COLUMNS
 from dora.ops.base import OpContext, Operator
-from dora.ops.data_files import DatasetError, file_records, first_rows_problem
+from dora.ops.data_files import DatasetError, file_records
+from dora.ops.dataset_settings import check_params, source_problem   # (the declarations name them there)
 
 __all__ = ["DatasetError", "DatasetOp", "check_params", "load_records", "source_problem"]
 
@@ -95,43 +95,6 @@ class DatasetOp(Operator):
 
 
 # -- loading ---------------------------------------------------------------------------------
-
-
-def source_problem(source: str) -> str | None:
-    """What is wrong with a `source` param before any data is read (None: it can be loaded)."""
-    if source.startswith("synthetic:"):
-        from dora.graph.opspec import did_you_mean
-        from dora.ops.tasks import TASKS
-
-        name = source.split(":", 1)[1]
-        if name in TASKS:
-            return None
-        return f"unknown synthetic task {name!r} ({did_you_mean(name, sorted(TASKS)) or 'tasks: ' + ', '.join(sorted(TASKS))})"
-    if source.startswith("reasoning_gym:"):
-        try:
-            from reasoning_gym.factory import DATASETS
-        except ImportError:
-            return f"source {source} needs reasoning-gym: pip install reasoning-gym"
-        from dora.graph.opspec import did_you_mean
-
-        name = source.split(":", 1)[1]
-        if name in DATASETS:
-            return None
-        return f"unknown reasoning-gym dataset {name!r} ({did_you_mean(name, sorted(DATASETS)) or 'see reasoning_gym.factory.DATASETS'})"
-    if source.endswith((".jsonl", ".json", ".parquet")):
-        return None if os.path.isfile(source) else f"dataset file {source!r} does not exist (paths are relative to where dora runs)"
-    return f"source {source!r}: expected synthetic:NAME, reasoning_gym:NAME, or a path ending in .jsonl or .parquet"
-
-
-def check_params(p: dict[str, Any]) -> list[tuple[str, str]]:
-    """`dora validate`'s look at the data: a file source's first rows parse as a run would read them
-    (its existence is source_problem's)."""
-    source = p["source"]
-    if source.endswith((".jsonl", ".json", ".parquet")) and os.path.isfile(source):
-        problem = first_rows_problem(source, p["on_error"])
-        if problem:
-            return [("source", problem + (" (on_error: skip skips bad rows)" if p["on_error"] == "fail" else ""))]
-    return []
 
 
 def load_records(source: str, size: int, seed: int, task_params: dict[str, Any]) -> list[dict]:
