@@ -337,12 +337,17 @@ def test_user_op_is_checked_like_a_builtin(tmp_path, monkeypatch):
 def test_validate_works_on_python_built_graphs():
     from dora.graph.builder import Pipeline
 
+    import inspect
+
+    line = inspect.currentframe().f_lineno
     p = Pipeline("py", pools={"rollout": ("cpu", 1)})
     prompts = p.node("prompts", "dataset")
-    rollout = p.node("rollout", "generate", pool="rollout", replicas=2)
+    rollout = p.node("rollout", "generate", pool="rollout", replicas=2, temprature=1.0)
     prompts >> rollout
-    d = only(validate(p.graph))
-    assert "oversubscribed" in d.message and str(d.loc) == "<python>"
+    errs = [d for d in validate(p.graph) if d.severity == "error"]
+    pool, param = sorted(errs, key=lambda d: d.loc.line)   # each at the Python line that made it
+    assert "oversubscribed" in pool.message and str(pool.loc) == f"{__file__}:{line + 1}"
+    assert "did you mean 'temperature'" in param.format() and str(param.loc) == f"{__file__}:{line + 3}"
 
 
 def test_formatter_shape():

@@ -24,7 +24,7 @@ class SourceLoc:
 
     def __str__(self) -> str:
         if self.file is None:
-            return "<python>"
+            return "<python>"   # (the builder records the caller's file:line; this is a Graph made by hand)
         return f"{self.file}:{self.line}" if self.line is not None else self.file
 
 
@@ -143,6 +143,12 @@ class Graph:
         from dora.graph.printing import format_graph
 
         return format_graph(self)
+
+    def print(self, params: bool | str = False, file: Any = None) -> None:
+        """print(graph), with each node's params under it: True as written, "all" with defaults filled in."""
+        from dora.graph.printing import format_graph
+
+        print(format_graph(self, params=params), file=file)
 
     def loc_of(self, path: str) -> SourceLoc:
         """The location of the most specific recorded prefix of a dotted path."""
