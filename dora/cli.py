@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     v.add_argument("pipeline", help="pipeline YAML file")
     v.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides, e.g. nodes.rollout.replicas=4")
+    v.add_argument("--data", action="store_true", help="read every row of each file source as the run will (parsed, "
+                   "tokenized, held to the prompt limit) and name every bad row as file:N (default: the first "
+                   "100 rows)")
     z = sub.add_parser("viz", help="draw a pipeline (html, svg, dot, mmd)", epilog=EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     z.add_argument("pipeline", help="pipeline YAML file")
@@ -71,18 +74,53 @@ def _report(diags: list, stream=None) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    import contextlib
+
     from dora.graph.diagnostics import errors_of
+    from dora.graph.prompt_limits import every_row
     from dora.graph.validate import check_file
 
-    g, diags = check_file(args.pipeline, args.overrides)
+    progress = DataProgress(sys.stderr)
+    with every_row(progress) if args.data else contextlib.nullcontext({}) as counts:
+        g, diags = check_file(args.pipeline, args.overrides)
+    progress.done()
     _report(diags)
     errs = errors_of(diags)
+    rows = "".join(f"; {f}: {n:,} rows read" for f, n in counts.items())
     if g is None or errs:
-        print(f"{args.pipeline}: {len(errs)} error(s), {len(diags) - len(errs)} warning(s)", file=sys.stderr)
+        print(f"{args.pipeline}: {len(errs)} error(s), {len(diags) - len(errs)} warning(s){rows}", file=sys.stderr)
         return 2
     print(f"ok: pipeline {g.name!r} in {args.pipeline}: {len(g.nodes)} nodes, {len(g.edges)} data edges, "
-          f"{len(g.weights)} weights edges, async {g.async_.mode}" + (f"; {len(diags)} warning(s)" if diags else ""))
+          f"{len(g.weights)} weights edges, async {g.async_.mode}" + (f"; {len(diags)} warning(s)" if diags else "")
+          + rows)
     return 0
+
+
+class DataProgress:
+    """`dora validate --data` on a large file: a line on stderr each second (rewritten in place on a
+    terminal) saying how far the read is, from the first second on."""
+
+    def __init__(self, stream, every_s: float = 1.0):
+        import time
+        self.stream, self.every_s, self.clock = stream, every_s, time.monotonic
+        self.start = self.last = self.clock()
+        self.open_line = False   # a terminal line rewritten in place, not ended yet
+
+    def __call__(self, file: str, rows: int, fraction: float | None) -> None:
+        now = self.clock()
+        if now - self.last < self.every_s:
+            return
+        self.last = now
+        part = f" ({fraction:.0%})" if fraction is not None else ""
+        tty = self.stream.isatty()
+        start, end = ("\r", "") if tty else ("", "\n")
+        print(f"{start}reading {file}: {rows:,} rows{part}, {now - self.start:.0f} s", end=end, file=self.stream,
+              flush=True)
+        self.open_line = tty
+
+    def done(self) -> None:
+        if self.open_line:
+            print(file=self.stream)
 
 
 def cmd_viz(args: argparse.Namespace) -> int:

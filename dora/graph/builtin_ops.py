@@ -44,11 +44,14 @@ DATASET = OpSpec(
         P("epochs", "int", 0, "passes over the data (0 = endless)", min=0),
         P("task_params", "dict", {}, "extra arguments for the task generator"),
         P("chat_template", "str?", None, "chat template (null = the model's default)"),
-        P("on_error", "str", "fail", "a bad row of a file source: fail the run naming file:line (exit 2), or skip "
-          "it (skipped rows are counted in summary.json accounting.dataset_skipped_rows)", choices=("fail", "skip")),
+        P("max_prompt_tokens", "int?", None, "longest prompt (tokens, chat template applied) a row may have; null = "
+          "what the generate node's context takes (derived when the model's context is known: engine torch the "
+          "context less 1, vllm less max_tokens). A longer row is bad, as on_error says", min=1),
+        P("on_error", "str", "fail", "a row that cannot be used (malformed, or over max_prompt_tokens): fail the "
+          "run naming file:line (exit 2), or skip it (skipped rows are counted in summary.json "
+          "accounting.dataset_skipped_rows)", choices=("fail", "skip")),
     ),
     impl="dora.ops.dataset:DatasetOp",
-    check="dora.ops.dataset_settings:check_params",
 )
 
 GENERATE = OpSpec(

@@ -10,6 +10,7 @@ from dora.graph.diagnostics import Diagnostic, error, errors_of
 from dora.graph.loggers import validate_loggers
 from dora.graph.model import Graph
 from dora.graph.opspec import OpSpec, fill_params, import_object, param_problems
+from dora.graph.prompt_limits import limit_problems
 from dora.graph.sections import ModeError, resolve_async, section_specs
 
 TORCH_ENGINE_CHECK = "dora.ops.engines.paged:engine_problem"   # model -> why the torch engine cannot run it
@@ -58,6 +59,7 @@ def settings_problems(g: Graph, specs: dict[str, OpSpec | None]) -> list[Diagnos
     diags += _broadcast_problems(g, specs, params)
     diags += _elastic_problems(g, specs, params)
     diags += _engine_problems(g, specs, params)
+    diags += limit_problems(g, specs, params)   # the dataset's prompt limit, and a file source's first rows
     return diags
 
 

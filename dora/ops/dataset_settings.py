@@ -1,5 +1,6 @@
-"""The dataset op's params as `dora validate` checks them (its OpSpec's `names_from` and `check`),
-kept apart from the op so that checking a pipeline loads neither pyarrow nor reasoning-gym's task code.
+"""The dataset op's `source` as `dora validate` checks it (its OpSpec's `names_from`), kept apart from
+the op so that checking a pipeline loads neither pyarrow nor reasoning-gym's task code. (The rows of a
+file source are checked with the model's tokenizer and the prompt limit: dora/graph/prompt_limits.py.)
 
 reasoning-gym registers its datasets by importing every task module (2-4 s: sympy and friends), so the
 names are read once per installed version and kept in the dora cache (`reasoning_gym_names`).
@@ -10,9 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any
-
-from dora.ops.data_files import first_rows_problem
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 
@@ -78,14 +76,3 @@ def reasoning_gym_names() -> list[str] | None:
     except OSError:
         pass
     return names
-
-
-def check_params(p: dict[str, Any]) -> list[tuple[str, str]]:
-    """`dora validate`'s look at the data: a file source's first rows parse as a run would read them
-    (its existence is source_problem's)."""
-    source = p["source"]
-    if is_file_source(source) and os.path.isfile(source):
-        problem = first_rows_problem(source, p["on_error"])
-        if problem:
-            return [("source", problem + (" (on_error: skip skips bad rows)" if p["on_error"] == "fail" else ""))]
-    return []

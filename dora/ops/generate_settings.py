@@ -47,3 +47,13 @@ def devices_problem(p: dict[str, Any], devices: int) -> str | None:
         return (f"devices: {devices} asks for tensor parallelism, which engine {p['engine']!r} cannot do "
                 "(it runs a replica on one device); use engine: vllm, or devices: 1 and more replicas")
     return None
+
+
+def prompt_room(p: dict[str, Any], context: int) -> tuple[int, str]:
+    """(the longest prompt a generate node with params `p` takes, given the model's context, and why):
+    the torch engine refuses a request with no position left to generate (its response is cut at the
+    context), vLLM one whose prompt + max_tokens exceed it (dora/ops/engines/paged/checks.py,
+    vllm_engine.py)."""
+    if p["engine"] == "vllm":
+        return context - p["max_tokens"], f"model context {context} positions less max_tokens {p['max_tokens']} (engine vllm)"
+    return context - 1, f"model context {context} positions less 1 to generate (engine torch)"

@@ -158,3 +158,47 @@ def model_shape(model_cfg: dict) -> types.SimpleNamespace | None:
     if not isinstance(data, dict):
         raise ValueError(f"{directory}/config.json is not a JSON object")
     return types.SimpleNamespace(**data)
+
+
+def context_length(model_cfg: dict) -> int | None:
+    """The positions one sequence may hold (prompt + response), as the engines read them from the
+    model's config; None when not known before the model is loaded (a packaged model not converted
+    yet, a section or config that cannot be read: model_problems says why)."""
+    try:
+        shape = model_shape(model_cfg)
+    except (ModelConfigError, OSError, ValueError):
+        return None
+    n = getattr(shape, "max_position_embeddings", None) if shape is not None else None
+    return int(n) if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def available_tokenizer(model_cfg: dict):
+    """The model's tokenizer where it can be had without converting or loading the model (a tiny
+    model's, a model folder's, a packaged model already converted), else None. A model folder's
+    imports transformers (a check that needs the model's tokenizer pays for it)."""
+    try:
+        kind = model_kind(model_cfg)
+    except ModelConfigError:
+        return None
+    if kind == "tiny":
+        from dora.ops.tokenizers import CharTokenizer
+        return CharTokenizer()
+    directory = (os.path.expanduser(str(model_cfg["path"])) if kind == "path"
+                 else os.path.join(cache_dir(), str(model_cfg["name"])))
+    if not os.path.isfile(os.path.join(directory, "config.json")):
+        return None
+    return hf_tokenizer(directory)
+
+
+def hf_tokenizer(directory: str):
+    """The tokenizer saved in a model folder (a tiny model's checkpoint holds the character tokenizer)."""
+    from dora.ops.tokenizers import CharTokenizer
+    if os.path.isfile(os.path.join(directory, "dora_tokenizer.json")):
+        return CharTokenizer.from_pretrained(directory)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok

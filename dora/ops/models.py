@@ -22,7 +22,8 @@ import os
 import torch
 
 from dora.ops.model_section import (ARCHS, KNOWN_MODELS, TINY_DEFAULTS, ModelConfigError, cache_dir, converted,
-                                    model_kind, model_problems, tiny_config, tiny_hf_fields)
+                                    hf_tokenizer, model_kind, model_problems, tiny_config,
+                                    tiny_hf_fields)
 from dora.ops.tokenizers import CharTokenizer
 
 __all__ = ["ARCHS", "KNOWN_MODELS", "TINY_DEFAULTS", "ModelConfigError", "cache_dir", "default_model_factory",
@@ -31,13 +32,14 @@ __all__ = ["ARCHS", "KNOWN_MODELS", "TINY_DEFAULTS", "ModelConfigError", "cache_
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
+
 def load_tokenizer(model_cfg: dict):
     """The tokenizer for a `model:` section (CharTokenizer for tiny models, an HF tokenizer otherwise)."""
     kind = model_kind(model_cfg)
     if kind == "tiny":
         tiny_config(model_cfg)
         return CharTokenizer()
-    return _load_hf_tokenizer(_local_dir(model_cfg))
+    return hf_tokenizer(_local_dir(model_cfg))
 
 
 def load_policy(model_cfg: dict, device: str = "cpu", seed: int = 0):
@@ -48,7 +50,7 @@ def load_policy(model_cfg: dict, device: str = "cpu", seed: int = 0):
         model = build_tiny(tiny_config(model_cfg), tok, seed)
     else:
         directory = _local_dir(model_cfg)
-        tok = _load_hf_tokenizer(directory)
+        tok = hf_tokenizer(directory)
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, local_files_only=True)
     model.to(device)
@@ -161,17 +163,6 @@ def ensure_converted(name: str) -> str:
         import shutil
         shutil.rmtree(tmp, ignore_errors=True)  # another process won the race; its folder is complete
     return out
-
-
-def _load_hf_tokenizer(directory: str):
-    if os.path.isfile(os.path.join(directory, "dora_tokenizer.json")):
-        return CharTokenizer.from_pretrained(directory)  # a checkpoint of a tiny model
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok
 
 
 def default_model_factory(model_cfg: dict, device: str, seed: int):
