@@ -171,7 +171,9 @@ def cmd_ops(args: argparse.Namespace) -> int:
     from dora.graph.opspec import import_object
 
     ops = builtin_ops()
-    sections = {"async": section_specs(AsyncConfig), "run": section_specs(RunConfig)}
+    # the model section's keys are declared beside the model code (named by string: cli sits above ops)
+    sections = {"model": import_object("dora.ops.model_section:MODEL_KEYS"), "async": section_specs(AsyncConfig),
+                "run": section_specs(RunConfig)}
     # generate's `tools` entries (named by string, as the OpSpecs name their checks: cli sits above ops)
     tools = {kind: import_object(path).settings for kind, path in import_object("dora.ops.tools.tool_registry:KINDS").items()}
     if args.json:
@@ -200,7 +202,7 @@ def cmd_ops(args: argparse.Namespace) -> int:
             print(f"  check    {s.check}")
         print()
     for name, specs in sections.items():
-        print(f"{name}: (pipeline section)")
+        print(f"{name}: (pipeline section)" + (" a tiny random model's keys, or path: DIR, or name: NAME" if name == "model" else ""))
         for ps in specs.values():
             print(f"  setting  {_param_line(ps)}")
         print()

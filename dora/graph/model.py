@@ -117,10 +117,21 @@ class RunConfig:
                               "0 = only at the end)", min=0)
     keep_checkpoints: int = setting(2, "newest complete checkpoints kept in RUN_DIR/checkpoints", min=1)
     loggers: list[str] = setting(["jsonl"], "where step metrics go besides metrics.jsonl (always written): jsonl, "
-                                 "tensorboard (RUN_DIR/tb), wandb (offline, RUN_DIR/wandb)")
+                                 "tensorboard (RUN_DIR/tb), wandb (RUN_DIR/wandb; offline unless run.wandb.mode says "
+                                 "online)")
+    wandb: dict[str, Any] = setting({}, "the W&B run when run.loggers has wandb: {project, entity, name, mode: "
+                                    "offline | online}; a key not given comes from WANDB_PROJECT, WANDB_ENTITY, "
+                                    "WANDB_NAME, WANDB_MODE, else project = the pipeline's name, name = the run "
+                                    "folder's, mode offline (no network)")
     max_restarts: int = setting(3, "restarts allowed per replica before the run fails: a generate / reward / advantage "
                                 "replica is respawned and its groups generated again; the trainer restarts from the "
                                 "last checkpoint (0 = any death fails the run)", min=0)
+    save_optimizer: str = setting("last", "which checkpoints hold the optimizer state (AdamW: twice the fp32 weights): "
+                                  "all; last (the newest only: an older one kept is weights and run state, and a "
+                                  "resume from it starts AdamW afresh); never", choices=("all", "last", "never"))
+    save_dtype: str = setting("training", "the dtype of a checkpoint's weights: training (the trainer's fp32 master "
+                              "weights, an exact resume) or bfloat16 (half the bytes; a resume loads them rounded)",
+                              choices=("training", "bfloat16"))
     loc: SourceLoc = dataclasses.field(default_factory=SourceLoc, compare=False)
 
 

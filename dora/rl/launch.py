@@ -203,6 +203,10 @@ def checkpoint_to_resume(run_dir: str):
         raise LaunchRefused(f"--resume {run_dir}: no complete checkpoint in {run_dir}/checkpoints")
     if skipped:
         print(f"dora run: --resume {run_dir}: continuing from {found[1]}", file=sys.stderr)
+    from dora.ops.weights.pretrained import holds_optimizer
+    if not holds_optimizer(found[1]):
+        print(f"dora run: --resume {run_dir}: {found[1]} holds no optimizer state (run.save_optimizer): the trainer "
+              "continues from its weights with AdamW's moments afresh", file=sys.stderr)
     state, pending = checkpoint.read(found[1])
     return checkpoint.Resume(found[1], state, pending, [path for path, _ in skipped])
 
