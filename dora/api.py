@@ -55,6 +55,7 @@ def graph_of(pipeline: Pipeline | Graph | str, overrides: Iterable[str] = ()) ->
     """(the Graph with overrides applied, or None, the load diagnostics) of what the caller gave."""
     from dora.graph.yaml_io import load_file, override_graph
 
+    overrides = [overrides] if isinstance(overrides, str) else list(overrides)   # one override, as a string
     if isinstance(pipeline, (str, os.PathLike)):
         return load_file(os.fspath(pipeline), list(overrides))
     if isinstance(pipeline, Pipeline):

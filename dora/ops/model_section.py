@@ -109,6 +109,10 @@ def model_problems(model_cfg: dict) -> list[tuple[str, str]]:
             path = os.path.expanduser(str(model_cfg["path"]))
             if not os.path.isfile(os.path.join(path, "config.json")):
                 return [("path", f"{path!r} is not a transformers model folder (no config.json there)")]
+            try:
+                model_shape(model_cfg)
+            except (OSError, ValueError) as e:   # (json.JSONDecodeError is a ValueError: it says line and column)
+                return [("path", f"{os.path.join(path, 'config.json')} cannot be read: {e}")]
         else:
             name = str(model_cfg["name"])
             if name not in KNOWN_MODELS:
