@@ -62,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     z.add_argument("--force", action="store_true", help="draw even if the pipeline has validation errors")
     o = sub.add_parser("ops", help="list the built-in operators: ports, columns, params")
     o.add_argument("--json", action="store_true", help="machine-readable output")
+    o.add_argument("--markdown", action="store_true", help="the reference as markdown (docs/reference.md is this)")
     for name in DISPATCH:
         sub.add_parser(name, help=f"see `dora {name} --help`", add_help=False)
     return p
@@ -184,6 +185,9 @@ def cmd_ops(args: argparse.Namespace) -> int:
                          + [{"name": k, "tool": True, "params": [p.describe() for p in v.values()]}
                             for k, v in tools.items()], indent=2, default=str))
         return 0
+    if args.markdown:
+        print(ops_markdown(ops, sections, tools), end="")
+        return 0
     for s in ops.values():
         print(f"{s.name}: {s.doc}")
         print(f"  impl     {s.impl}")
@@ -212,6 +216,36 @@ def cmd_ops(args: argparse.Namespace) -> int:
             print(f"  setting  {_param_line(ps)}")
         print()
     return 0
+
+
+def _md_rows(specs) -> list[str]:
+    rows = ["| key | type | default | allowed | what it does |", "|---|---|---|---|---|"]
+    for ps in specs.values():
+        allowed = ", ".join(map(str, ps.choices)) if ps.choices else ps.range_text or (
+            f"names from `{ps.names_from}`" if ps.names_from else "")
+        rows.append(f"| `{ps.name}` | {ps.type} | `{json.dumps(ps.default)}` | {allowed} | {ps.doc.replace('|', '/')} |")
+    return rows
+
+
+def ops_markdown(ops, sections, tools) -> str:
+    """`dora ops --markdown`: docs/reference.md, from the declarations (tests/test_cli.py keeps it current)."""
+    out = ["# Reference: pipeline sections, ops and tools", "",
+           "Generated from the declarations by `dora ops --markdown > docs/reference.md`; do not edit by hand.", "",
+           "## Pipeline sections", ""]
+    for name, specs in sections.items():
+        out += [f"### `{name}:`", "", *_md_rows(specs), ""]
+    out += ["## Ops", ""]
+    for s in ops.values():
+        ports = "; ".join(f"input `{p.name}` needs {', '.join(p.needs) or '-'}" for p in s.inputs) or "a source (no input)"
+        out += [f"### `{s.name}`", "", f"{s.doc}. {ports}; output `out` adds {', '.join(s.adds) or '-'}.", ""]
+        out += [f"- when `{w.param}` {'not in' if w.negate else 'in'} {list(w.values)}: "
+                + "; ".join(([f"needs {', '.join(w.needs)}"] if w.needs else []) + ([f"adds {', '.join(w.adds)}"] if w.adds else []))
+                for w in s.when]
+        out += ([""] if s.when else []) + [*_md_rows(s.params), ""]
+    out += ["## Tools (generate's `tools: [{name, kind, <settings>}]`)", ""]
+    for kind, specs in tools.items():
+        out += [f"### `{kind}`", "", *_md_rows(specs), ""]
+    return "\n".join(out)
 
 
 def _dispatch(name: str, rest: list[str]) -> int:

@@ -103,6 +103,17 @@ def test_ops(capsys):
     assert "model: (pipeline section)" in out and "max_positions: int = 512" in out
 
 
+def test_the_reference_in_docs_is_what_dora_ops_prints(capsys):
+    """docs/reference.md is generated from the declarations: a setting added or changed must be
+    regenerated (`dora ops --markdown > docs/reference.md`)."""
+    import pathlib
+    assert main(["ops", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    doc = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "reference.md").read_text()
+    assert doc == out, "docs/reference.md is out of date: run `dora ops --markdown > docs/reference.md`"
+    assert "### `model:`" in doc and "| `max_positions` | int | `512` |" in doc and "| `save_optimizer` |" in doc
+
+
 def test_run_and_simulate_dispatch(monkeypatch, capsys):
     # main() forwards the remaining argv and returns the callee's code
     import dora.rl.launch
