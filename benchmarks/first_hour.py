@@ -85,10 +85,18 @@ def clone(ref: str, where: str) -> str:
     return path
 
 
+CPU_S: dict[str, float] = {}   # the last run's user + sys seconds (less sensitive to a shared machine's load)
+
+
 def run(tree: str, args: list[str], timeout: float = 600) -> tuple[int, str, float]:
+    import resource
+
     env = {**os.environ, "PYTHONPATH": tree}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, *args], cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU_S["last"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return r.returncode, r.stdout + r.stderr, time.perf_counter() - t0
 
 
@@ -120,18 +128,21 @@ def validate_times(trees: dict[str, str], repeats: int) -> list[list[str]]:
     for pipeline in sorted(glob.glob(os.path.join(REPO, "pipelines", "*.yaml"))):
         name = os.path.basename(pipeline)
         times: dict[str, list[float]] = {k: [] for k in trees}
+        cpu: dict[str, list[float]] = {k: [] for k in trees}
         for _ in range(repeats):
             for label, tree in trees.items():   # interleaved: both see the same load
                 rc, _, s = run(tree, ["-m", "dora.cli", "validate", f"pipelines/{name}"])
                 times[label].append(s if rc == 0 else float("nan"))
+                cpu[label].append(CPU_S["last"])
         heavy = {}
         for label, tree in trees.items():
             _, out, _ = run(tree, ["-X", "importtime", "-m", "dora.cli", "validate", f"pipelines/{name}"])
             heavy[label] = ", ".join(m for m in ("torch", "transformers") if re.search(rf"\| {m}$", out, re.M)) or "-"
         med = {k: statistics.median(v) for k, v in times.items()}
+        cpu_med = {k: statistics.median(v) for k, v in cpu.items()}
         before, after = list(trees)
-        rows.append([name, f"{med[before]:.2f}", heavy[before], f"{med[after]:.2f}", heavy[after],
-                     f"{med[before] / med[after]:.1f}x"])
+        rows.append([name, f"{med[before]:.2f} ({cpu_med[before]:.2f})", heavy[before],
+                     f"{med[after]:.2f} ({cpu_med[after]:.2f})", heavy[after], f"{med[before] / med[after]:.1f}x"])
     return rows
 
 
@@ -173,7 +184,8 @@ def main(argv: list[str] | None = None) -> None:
         load = os.getloadavg()[0]
         print(f"## dora validate, wall seconds (median of {args.repeats}), {args.before} vs {args.after}; "
               f"load average {load:.1f} on {os.cpu_count()} cores at the start\n")
-        print(table(["pipeline", "before s", "before imports", "after s", "after imports", "before / after"],
+        print(table(["pipeline", "before s (cpu s)", "before imports", "after s (cpu s)", "after imports",
+                     "before / after"],
                     validate_times(trees, args.repeats)))
         print(f"\n## frictions, {args.before} vs {args.after}\n")
         print(table(["what a new user does", "before", "after"], frictions(trees, data, tmp, not args.skip_runs)))
