@@ -137,7 +137,7 @@ def validate_times(trees: dict[str, str], repeats: int) -> list[list[str]]:
         heavy = {}
         for label, tree in trees.items():
             _, out, _ = run(tree, ["-X", "importtime", "-m", "dora.cli", "validate", f"pipelines/{name}"])
-            heavy[label] = ", ".join(m for m in ("torch", "transformers") if re.search(rf"\| {m}$", out, re.M)) or "-"
+            heavy[label] = ", ".join(m for m in ("torch", "transformers") if re.search(rf"\|\s+{m}$", out, re.M)) or "-"
         med = {k: statistics.median(v) for k, v in times.items()}
         cpu_med = {k: statistics.median(v) for k, v in cpu.items()}
         before, after = list(trees)
@@ -158,7 +158,7 @@ def frictions(trees: dict[str, str], data: str, tmp: str, with_runs: bool) -> li
                     f.write(payload)
                 rc, out, s = run(tree, [script])
             else:
-                args = [a.format(data=data, tmp=os.path.join(tmp, label)) for a in payload]
+                args = [a.replace("{data}", data).replace("{tmp}", os.path.join(tmp, label)) for a in payload]
                 rc, out, s = run(tree, ["-m", "dora.cli", *args])
             row.append(f"exit {rc}{', traceback' if 'Traceback' in out else ''}, {s:.1f} s: {shown(out, how)}")
         rows.append(row)
@@ -177,18 +177,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--after", default="HEAD")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-runs", action="store_true", help="leave out the `dora run` scenarios (a minute each)")
+    ap.add_argument("--only", choices=("validate", "frictions"), help="one of the two tables")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"before": clone(args.before, os.path.join(tmp, "before")), "after": clone(args.after, os.path.join(tmp, "after"))}
         data = write_data(os.path.join(tmp, "data"))
         load = os.getloadavg()[0]
-        print(f"## dora validate, wall seconds (median of {args.repeats}), {args.before} vs {args.after}; "
-              f"load average {load:.1f} on {os.cpu_count()} cores at the start\n")
-        print(table(["pipeline", "before s (cpu s)", "before imports", "after s (cpu s)", "after imports",
-                     "before / after"],
-                    validate_times(trees, args.repeats)))
-        print(f"\n## frictions, {args.before} vs {args.after}\n")
-        print(table(["what a new user does", "before", "after"], frictions(trees, data, tmp, not args.skip_runs)))
+        if args.only != "frictions":
+            print(f"## dora validate, wall seconds (median of {args.repeats}), {args.before} vs {args.after}; "
+                  f"load average {load:.1f} on {os.cpu_count()} cores at the start\n", flush=True)
+            print(table(["pipeline", "before s (cpu s)", "before imports", "after s (cpu s)", "after imports",
+                         "before / after"], validate_times(trees, args.repeats)), flush=True)
+        if args.only != "validate":
+            print(f"\n## frictions, {args.before} vs {args.after} (load average {os.getloadavg()[0]:.1f})\n", flush=True)
+            print(table(["what a new user does", "before", "after"], frictions(trees, data, tmp, not args.skip_runs)))
         print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
 
 
