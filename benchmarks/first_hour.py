@@ -61,8 +61,8 @@ FRICTIONS = {
                                                "nodes.prompts.params.source={data}/malformed.jsonl"], "first"),
     "over-long prompt at row 150 (validate)": ("cli", ["validate", "pipelines/quickstart.yaml",
                                                       "nodes.prompts.params.source={data}/long.jsonl"], "first"),
-    "dora validate --data (every row)": ("cli", ["validate", "pipelines/quickstart.yaml", "--data",
-                                                 "nodes.prompts.params.source={data}/long.jsonl"], "first"),
+    "dora validate --data (every row)": ("cli", ["validate", "pipelines/quickstart.yaml",
+                                                 "nodes.prompts.params.source={data}/long.jsonl", "--data"], "first"),
     "max_prompt_tokens=64, on_error=skip (validate)": ("cli", [
         "validate", "pipelines/quickstart.yaml", "nodes.prompts.params.source={data}/long.jsonl",
         "nodes.prompts.params.max_prompt_tokens=64", "nodes.prompts.params.on_error=skip"], "last"),
@@ -101,12 +101,18 @@ def run(tree: str, args: list[str], timeout: float = 600) -> tuple[int, str, flo
 
 
 def write_data(where: str) -> str:
+    """200 rows of the quickstart task as a user's file (its reward function scores them), one of them
+    broken (malformed.jsonl, row 4) or over the tiny model's 512 positions (long.jsonl, row 150)."""
+    from dora.ops.tasks import get_task
+
     os.makedirs(where, exist_ok=True)
-    rows = [json.dumps({"prompt": f"say {i}", "answer": str(i)}) for i in range(200)]
+    rows = [json.dumps({"prompt": r["prompt"], "answer": str(r["answer"]), "data_source": "synthetic:quickstart"})
+            for r in get_task("synthetic:quickstart").make(200, 0)]
     with open(os.path.join(where, "malformed.jsonl"), "w") as f:
         f.write("\n".join(rows[:3] + ['{"prompt": "no answer"}'] + rows[4:]) + "\n")
     with open(os.path.join(where, "long.jsonl"), "w") as f:   # row 150: over the tiny model's 512 positions
-        f.write("\n".join(rows[:149] + [json.dumps({"prompt": "x" * 600, "answer": "1"})] + rows[150:]) + "\n")
+        long = json.dumps({"prompt": "x" * 600, "answer": "1", "data_source": "synthetic:quickstart"})
+        f.write("\n".join(rows[:149] + [long] + rows[150:]) + "\n")
     return where
 
 

@@ -65,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--markdown", action="store_true", help="the reference as markdown (docs/reference.md is this)")
     for name in DISPATCH:
         sub.add_parser(name, help=f"see `dora {name} --help`", add_help=False)
+    p.commands = {"validate": v, "viz": z}   # (their options may come after the overrides: parsed intermixed)
     return p
 
 
@@ -270,7 +271,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dispatch(argv[0], argv[1:])
     parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        if argv and argv[0] in parser.commands:   # `dora validate P k=v --data k=v`: options anywhere
+            args = parser.commands[argv[0]].parse_intermixed_args(argv[1:])
+            args.command = argv[0]
+        else:
+            args = parser.parse_args(argv)
     except SystemExit as e:            # argparse: --help/--version (0) or bad arguments (2)
         return int(e.code or 0)
     if args.command is None:

@@ -30,6 +30,10 @@ def test_validate_overrides(tmp_path, capsys):
     assert main(["validate", QUICKSTART, "nodes.rollout.replicas=4"]) == 2
     assert "oversubscribed" in capsys.readouterr().err
     assert main(["validate", QUICKSTART, "nodes.rollout.replicas=4", "pools.rollout.count=4"]) == 0
+    # options before, between or after the overrides, as `dora run` takes them
+    assert main(["validate", QUICKSTART, "--data", "nodes.rollout.replicas=4", "pools.rollout.count=4"]) == 0
+    assert main(["validate", QUICKSTART, "nodes.rollout.replicas=4", "--data", "pools.rollout.count=4"]) == 0
+    assert main(["viz", QUICKSTART, "-o", str(tmp_path / "q.mmd"), "async.mode=dora"]) == 0
 
 
 def test_scale_errors_exit_2_with_file_line(tmp_path, capsys):
