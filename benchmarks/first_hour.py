@@ -70,10 +70,13 @@ FRICTIONS = {
                                                      "run.wandb={project: p, mode: online}"], "last"),
     "run.save_optimizer=never": ("cli", ["validate", "pipelines/quickstart.yaml", "run.save_optimizer=never"], "last"),
 }
-RUNS = {
+SHORT_RUN = ["nodes.prompts.params.size=0", "nodes.train.params.steps=2", "async.train_batch=16", "async.rollout_batch=16"]
+RUNS = {   # 2 steps x 4 prompts: unshuffled, the rows 1-8 are generated (row 6 is over the context); shuffled, some 8
     "over-long prompt at row 150 (dora run)": ["run", "pipelines/quickstart.yaml", "--quiet", "--out", "{tmp}/long",
-                                              "nodes.prompts.params.source={data}/long.jsonl", "nodes.prompts.params.size=0",
-                                              "nodes.train.params.steps=2", "async.train_batch=16", "async.rollout_batch=16"],
+                                              "nodes.prompts.params.source={data}/long.jsonl", *SHORT_RUN],
+    "over-long prompt at row 6 (dora run, unshuffled)": ["run", "pipelines/quickstart.yaml", "--quiet", "--out",
+                                                        "{tmp}/early", "nodes.prompts.params.source={data}/early.jsonl",
+                                                        "nodes.prompts.params.shuffle=false", *SHORT_RUN],
 }
 
 
@@ -113,6 +116,8 @@ def write_data(where: str) -> str:
     with open(os.path.join(where, "long.jsonl"), "w") as f:   # row 150: over the tiny model's 512 positions
         long = json.dumps({"prompt": "x" * 600, "answer": "1", "data_source": "synthetic:quickstart"})
         f.write("\n".join(rows[:149] + [long] + rows[150:]) + "\n")
+    with open(os.path.join(where, "early.jsonl"), "w") as f:   # the same at row 6
+        f.write("\n".join(rows[:5] + [long] + rows[6:]) + "\n")
     return where
 
 
@@ -152,9 +157,10 @@ def validate_times(trees: dict[str, str], repeats: int) -> list[list[str]]:
     return rows
 
 
-def frictions(trees: dict[str, str], data: str, tmp: str, with_runs: bool) -> list[list[str]]:
+def frictions(trees: dict[str, str], data: str, tmp: str, with_runs: bool, only_runs: bool = False) -> list[list[str]]:
     rows = []
-    items = list(FRICTIONS.items()) + ([(k, ("cli", v, "last")) for k, v in RUNS.items()] if with_runs else [])
+    items = [] if only_runs else list(FRICTIONS.items())
+    items += [(k, ("cli", v, "last")) for k, v in RUNS.items()] if with_runs else []
     for name, (kind, payload, how) in items:
         row = [name]
         for label, tree in trees.items():
@@ -183,7 +189,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--after", default="HEAD")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-runs", action="store_true", help="leave out the `dora run` scenarios (a minute each)")
-    ap.add_argument("--only", choices=("validate", "frictions"), help="one of the two tables")
+    ap.add_argument("--only", choices=("validate", "frictions", "runs"), help="one of the two tables (runs: the "
+                    "`dora run` rows of the frictions only)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"before": clone(args.before, os.path.join(tmp, "before")), "after": clone(args.after, os.path.join(tmp, "after"))}
@@ -196,7 +203,8 @@ def main(argv: list[str] | None = None) -> None:
                          "before / after"], validate_times(trees, args.repeats)), flush=True)
         if args.only != "validate":
             print(f"\n## frictions, {args.before} vs {args.after} (load average {os.getloadavg()[0]:.1f})\n", flush=True)
-            print(table(["what a new user does", "before", "after"], frictions(trees, data, tmp, not args.skip_runs)))
+            print(table(["what a new user does", "before", "after"],
+                        frictions(trees, data, tmp, not args.skip_runs, only_runs=args.only == "runs")))
         print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
 
 
