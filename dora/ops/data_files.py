@@ -13,6 +13,7 @@ same way, `dora validate --data` every row.
 from __future__ import annotations
 
 import json
+import os
 from typing import Callable, Iterator
 
 from dora.graph.diagnostics import BadInput
@@ -39,8 +40,6 @@ def raw_rows(path: str, progress: Progress | None = None) -> Iterator[tuple[str,
 
 
 def _jsonl_rows(path: str, progress: Progress | None) -> Iterator[tuple[str, object]]:
-    import os
-
     size = os.path.getsize(path) or 1
     done = 0
     with open(path, "rb") as f:   # (bytes: the position read so far is the progress)

@@ -11,6 +11,8 @@ can take (engine torch: the context less one position to generate; vllm: less ma
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import os
 from typing import Any, Callable, Iterable, Iterator
 
 from dora.ops.data_files import DatasetError, Progress, raw_rows, record_from_row
@@ -96,8 +98,6 @@ def collect(rows: Iterable[tuple[str, dict | DatasetError]], on_error: str, size
 
 def parse_file_row(path: str) -> Callable[[Any, str], dict]:
     """The `parse` of `prepared` for a file source's raw rows (dora/ops/data_files.raw_rows)."""
-    import os
-
     task_default = f"file:{os.path.basename(path)}"
     return lambda row, where: record_from_row(row, where, task_default)
 
@@ -106,8 +106,6 @@ def scan_file(path: str, tokenizer, chat_template: str | None, limit: int | None
               progress: Progress | None = None, limit_why: str = LIMIT_WHY) -> tuple[int, list[tuple[str, int, str]]]:
     """(rows read, [(file, N, what is wrong)] for every row that cannot be used) over the first `rows`
     rows of a file source (None: all). Without a tokenizer rows are parsed only."""
-    import itertools
-
     problems: list[tuple[str, int, str]] = []
     n = 0
     raw = itertools.islice(raw_rows(path, progress), rows)
