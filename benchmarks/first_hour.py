@@ -196,12 +196,12 @@ def main(argv: list[str] | None = None) -> None:
         trees = {"before": clone(args.before, os.path.join(tmp, "before")), "after": clone(args.after, os.path.join(tmp, "after"))}
         data = write_data(os.path.join(tmp, "data"))
         load = os.getloadavg()[0]
-        if args.only != "frictions":
+        if args.only in (None, "validate"):
             print(f"## dora validate, wall seconds (median of {args.repeats}), {args.before} vs {args.after}; "
                   f"load average {load:.1f} on {os.cpu_count()} cores at the start\n", flush=True)
             print(table(["pipeline", "before s (cpu s)", "before imports", "after s (cpu s)", "after imports",
                          "before / after"], validate_times(trees, args.repeats)), flush=True)
-        if args.only != "validate":
+        if args.only in (None, "frictions", "runs"):
             print(f"\n## frictions, {args.before} vs {args.after} (load average {os.getloadavg()[0]:.1f})\n", flush=True)
             print(table(["what a new user does", "before", "after"],
                         frictions(trees, data, tmp, not args.skip_runs, only_runs=args.only == "runs")))
