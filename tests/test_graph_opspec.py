@@ -73,6 +73,26 @@ def test_graph_imports_ops_only_through_declared_paths():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_validating_every_shipped_pipeline_imports_no_torch():
+    """`dora validate` stays fast: no check of a shipped pipeline needs torch or transformers (the
+    algos registries load torch at first use, dora/algos/lazy.py; op checks live beside the ops in
+    modules that import no engine; the model section is read as JSON). A check that does need them
+    (a data file's prompts under a real model's tokenizer) imports them itself."""
+    import glob
+    import subprocess
+    import sys
+
+    code = ("import sys, glob; from dora.cli import main; "
+            "rcs = {p: main(['validate', p]) for p in sorted(glob.glob('pipelines/*.yaml'))}; "
+            "assert set(rcs.values()) == {0}, rcs; "
+            "heavy = sorted(m for m in ('torch', 'transformers', 'networkx') if m in sys.modules); "
+            "assert not heavy, f'dora validate imported {heavy}'")
+    root = os.path.join(os.path.dirname(__file__), "..")
+    assert len(glob.glob(os.path.join(root, "pipelines", "*.yaml"))) >= 9
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_resolve_unknown_op_suggests():
     with pytest.raises(OpError, match="did you mean 'advantage'"):
         resolve_op("advantag")

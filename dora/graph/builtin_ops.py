@@ -39,7 +39,7 @@ DATASET = OpSpec(
     adds=("uid", "group_id", "prompt", "question", "prompt_ids", "answer", "task"),
     params=_params(
         P("source", "str", "synthetic:quickstart", "synthetic:NAME, reasoning_gym:NAME, or a .jsonl/.parquet path",
-          names_from="dora.ops.dataset:source_problem"),
+          names_from="dora.ops.dataset_settings:source_problem"),
         P("size", "int", 256, "number of distinct prompts (0 = every row of a file)", min=0),
         P("group_size", "int", 8, "responses per prompt (G)", min=1),
         P("batch_prompts", "int", 4, "prompts per emitted batch", min=1),
@@ -48,11 +48,14 @@ DATASET = OpSpec(
         P("epochs", "int", 0, "passes over the data (0 = endless)", min=0),
         P("task_params", "dict", {}, "extra arguments for the task generator"),
         P("chat_template", "str?", None, "chat template (null = the model's default)"),
-        P("on_error", "str", "fail", "a bad row of a file source: fail the run naming file:line (exit 2), or skip "
-          "it (skipped rows are counted in summary.json accounting.dataset_skipped_rows)", choices=("fail", "skip")),
+        P("max_prompt_tokens", "int?", None, "longest prompt (tokens, chat template applied) a row may have; null = "
+          "what the generate node's context takes (derived when the model's context is known: engine torch the "
+          "context less 1, vllm less max_tokens). A longer row is bad, as on_error says", min=1),
+        P("on_error", "str", "fail", "a row that cannot be used (malformed, or over max_prompt_tokens): fail the "
+          "run naming file:line (exit 2), or skip it (skipped rows are counted in summary.json "
+          "accounting.dataset_skipped_rows)", choices=("fail", "skip")),
     ),
     impl="dora.ops.dataset:DatasetOp",
-    check="dora.ops.dataset:check_params",
 )
 
 GENERATE = OpSpec(
@@ -93,9 +96,9 @@ GENERATE = OpSpec(
           "the next turn prefills only the observation; false: every turn prefills its whole context"),
     ),
     impl="dora.ops.generate:GenerateOp",
-    check="dora.ops.generate:check_params",
+    check="dora.ops.generate_settings:check_params",
     is_generate=True,
-    devices_check="dora.ops.generate:devices_problem",
+    devices_check="dora.ops.generate_settings:devices_problem",
     when=(When("max_turns", (1,), adds=MULTITURN_COLUMNS, negate=True),),
 )
 

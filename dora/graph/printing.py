@@ -1,7 +1,9 @@
 """`print(graph)`: a graph in a few aligned lines, as torch.fx prints its graphs.
 
 One line per pool, one per node (name = op(inputs), replicas, devices and memory share, pool; non-default edge options in
-brackets), one per weights edge, then the async and run sections. Text only: the YAML stays the
+brackets), one per weights edge, then the async and run sections. With params (`graph.print(params=True)`) each node's
+line is followed by its params as written (params="all": every declared param, defaults filled in, for built-in
+ops). Text only: the YAML stays the
 round-trip format (dora.graph.yaml_io). It reads the model's objects (dora.graph.model, whose
 Graph.__str__ calls format_graph) without importing that module.
 """
@@ -67,8 +69,22 @@ def _policies(g: Any) -> list[str]:
     return [" policies:"] + _table(rows)
 
 
-def format_graph(g: Any) -> str:
-    """`g`: a dora.graph.model.Graph."""
+def _params_lines(n: Any, params: bool | str) -> list[str]:
+    """A node's params under its line: as written, or (params="all") every declared one with defaults."""
+    given = dict(n.params) if isinstance(n.params, dict) else {}
+    spec = builtin_ops().get(n.op) if isinstance(n.op, str) else None
+    shown = given
+    if params == "all" and spec is not None:
+        shown = {k: given.get(k, p.default) for k, p in spec.params.items()} | given
+    if not shown:
+        return []
+    width = max(len(str(k)) for k in shown)
+    return [f"      {str(k).ljust(width)}  {v!r}" + ("" if k in given or params != "all" else "  (default)")
+            for k, v in shown.items()]
+
+
+def format_graph(g: Any, params: bool | str = False) -> str:
+    """`g`: a dora.graph.model.Graph; params: False, True (as written) or "all" (with defaults)."""
     lines = [f"graph {g.name}:"]
     if g.pools:
         lines.append(" pools:")
@@ -81,7 +97,10 @@ def format_graph(g: Any) -> str:
             own = getattr(n, "model", None)
             model = f"model {', '.join(f'{k}={v}' for k, v in own.items())}" if isinstance(own, dict) else ""
             rows.append((f"%{name}", "=", f"{n.op}({ins})", scale_text(n), f"pool {n.pool or '-'}", model))
-        lines += _table(rows)
+        for line, n in zip(_table(rows), g.nodes.values()):
+            lines.append(line)
+            if params:
+                lines += _params_lines(n, params)
     if g.weights:
         lines.append(" weights:")
         lines += _table([(f"%{w.src}", "->", f"%{w.dst}") for w in g.weights])

@@ -8,7 +8,9 @@ Derived params (the one place they are derived):
 - `temperature: null` on update / reference takes the generate node's sampling temperature (a
   greedy 0 counts as 1, the temperature its logprobs are reported at), so importance ratios
   compare like with like;
-- `broadcast_to: 0` on an update with `weight_sync: broadcast` becomes the generate replica count.
+- `broadcast_to: 0` on an update with `weight_sync: broadcast` becomes the generate replica count;
+- `max_prompt_tokens: null` on a dataset becomes the longest prompt the generate nodes it feeds take,
+  when the model's context is known (dora/graph/prompt_limits.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dora.graph.diagnostics import GraphError, errors_of
 from dora.graph.model import Graph, RunConfig
 from dora.graph.opspec import OpSpec, fill_params
 from dora.graph.policies import derive_cross_policy, find_policies, is_multi_policy, node_policies, policy_settings
+from dora.graph.prompt_limits import derive as _derive_prompt_limits
 from dora.graph.schema import resolve_all
 from dora.graph.sections import AsyncSettings, resolve_async
 from dora.graph.settings_check import ENGINES_HOSTING_VERSIONS, group_size_of, nodes_with
@@ -59,6 +62,7 @@ def resolve(g: Graph) -> Resolved:
     params = {n: fill_params(specs[n], node.params, checked=True) for n, node in g.nodes.items()}
     _derive_temperature(specs, params)
     _derive_broadcast_world(g, specs, params)
+    _derive_prompt_limits(g, specs, params)
     if not is_multi_policy(specs) and not g.async_.policies:
         async_ = resolve_async(g.async_, group_size_of(g, specs, params))
         async_ = dataclasses.replace(async_, versions_per_instance=versions_per_instance(async_, specs, params))

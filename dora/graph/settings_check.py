@@ -11,6 +11,7 @@ from dora.graph.loggers import validate_loggers
 from dora.graph.model import Graph
 from dora.graph.opspec import OpSpec, fill_params, import_object, param_problems
 from dora.graph.policies import PolicyModeError, find_policies, is_multi_policy, policy_problems, policy_settings
+from dora.graph.prompt_limits import limit_problems
 from dora.graph.sections import ModeError, resolve_async, section_specs
 
 TORCH_ENGINE_CHECK = "dora.ops.engines.paged:engine_problem"   # model -> why the torch engine cannot run it
@@ -63,6 +64,7 @@ def settings_problems(g: Graph, specs: dict[str, OpSpec | None]) -> list[Diagnos
     diags += _broadcast_problems(g, specs, params)
     diags += _elastic_problems(g, specs, params)
     diags += _engine_problems(g, specs, params)
+    diags += limit_problems(g, specs, params)   # the dataset's prompt limit, and a file source's first rows
     return diags
 
 
@@ -145,7 +147,7 @@ def _model_problems(g: Graph) -> list[Diagnostic]:
     node's line when the node's keys are where it is)."""
     if not isinstance(g.model, dict):
         return [error(f"'model' must be a mapping, got {type(g.model).__name__}", g.loc_of("model"))]
-    check = import_object("dora.ops.models:model_problems")
+    check = import_object("dora.ops.model_section:model_problems")
     diags = [error(msg if msg.startswith("model") else f"model: {msg}", g.loc_of(f"model.{key}" if key else "model"))
              for key, msg in check(g.model)]
     for name, node in g.nodes.items():

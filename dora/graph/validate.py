@@ -10,8 +10,6 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-import networkx as nx
-
 from dora.graph.device_shares import share_problems, shared_pools
 from dora.graph.diagnostics import Diagnostic, GraphError, error, errors_of, warning
 from dora.graph.model import ROUTINGS, Graph
@@ -177,6 +175,10 @@ def _check_inputs(g: Graph, specs: dict[str, OpSpec | None], diags: list[Diagnos
 
 
 def _check_cycles(g: Graph, specs: dict[str, OpSpec | None], diags: list[Diagnostic]) -> set[str]:
+    if len(g.acyclic_prefix()) == len(g.nodes):
+        return set()   # no cycle: networkx (0.3 s to import) is needed only to name one
+    import networkx as nx
+
     dg = nx.DiGraph()
     dg.add_nodes_from(g.nodes)
     dg.add_edges_from((e.src, e.dst) for e in g.edges if e.src in g.nodes)

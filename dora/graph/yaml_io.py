@@ -193,8 +193,16 @@ def _load_file(path: str, stack: tuple[str, ...], text: str | None = None, base_
     return _deep_merge(merged, data), merged_locs, diags
 
 
+# the mappings whose keys are names the pipeline chose (not a schema's): an override may only go
+# through a name that exists there (a new entry is given whole: nodes.NAME={op: ...})
+NAMED = {("nodes",): "node", ("pools",): "pool"}
+
+
 def apply_overrides(data: dict[str, Any], overrides: Iterable[str], locs: Locs) -> list[Diagnostic]:
-    """Apply `dotted.key=value` overrides in place (values parsed as YAML scalars)."""
+    """Apply `dotted.key=value` overrides in place (values parsed as YAML scalars). Each override's
+    location is `<command line: KEY=VALUE>`, recorded for every path it creates, so a mistyped key is
+    reported there with did-you-mean; going through a node or pool the pipeline does not have is an
+    error here (it would otherwise make an empty node)."""
     diags: list[Diagnostic] = []
     for ov in overrides:
         key, eq, raw = ov.partition("=")
@@ -205,30 +213,41 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str], locs: Locs) 
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
-        parts = key.strip().split(".")
-        cur: Any = data
-        ok = True
-        for i, part in enumerate(parts[:-1]):
-            if isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
-                cur = cur[int(part)]
-            elif isinstance(cur, dict):
-                cur = cur.setdefault(part, {})
-            else:
-                diags.append(error(f"override {ov!r}: {'.'.join(parts[: i + 1])} is not a mapping", COMMAND_LINE))
-                ok = False
-                break
-        if not ok:
-            continue
-        last = parts[-1]
-        if isinstance(cur, list) and last.isdigit() and int(last) < len(cur):
-            cur[int(last)] = value
-        elif isinstance(cur, dict):
-            cur[last] = value
-        else:
-            diags.append(error(f"override {ov!r}: {'.'.join(parts[:-1])} is not a mapping", COMMAND_LINE))
-            continue
-        locs[key.strip()] = SourceLoc(f"<command line: {ov}>", None)
+        problem = _set_path(data, key.strip().split("."), value, ov, locs)
+        if problem is not None:
+            diags.append(problem)
     return diags
+
+
+def _set_path(data: dict[str, Any], parts: list[str], value: Any, ov: str, locs: Locs) -> Diagnostic | None:
+    """Set data[parts...] = value; the problem (a Diagnostic) if the path cannot be followed."""
+    here = SourceLoc(f"<command line: {ov}>", None)
+    cur: Any = data
+    for i, part in enumerate(parts[:-1]):
+        path = ".".join(parts[: i + 1])
+        if isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
+            cur = cur[int(part)]
+            continue
+        if not isinstance(cur, dict):
+            return error(f"override {ov!r}: {path} is not a mapping", here)
+        what = NAMED.get(tuple(parts[:i]))
+        if what is not None and part not in cur:
+            known = [str(k) for k in cur]
+            hint = did_you_mean(part, known) or (f"{what}s: {', '.join(known)}." if known else f"the pipeline has no {what}s.")
+            return error(f"override {ov!r} names {what} {part!r}, which the pipeline does not have", here,
+                         hint=f"{hint} To add a {what}, give it whole: {'.'.join(parts[:i])}.NAME={{...}}")
+        if part not in cur:
+            locs.setdefault(path, here)   # (a key it creates is reported at the override)
+        cur = cur.setdefault(part, {})
+    last = parts[-1]
+    if isinstance(cur, list) and last.isdigit() and int(last) < len(cur):
+        cur[int(last)] = value
+    elif isinstance(cur, dict):
+        cur[last] = value
+    else:
+        return error(f"override {ov!r}: {'.'.join(parts[:-1])} is not a mapping", here)
+    locs[".".join(parts)] = here
+    return None
 
 
 def _has_interpolation(x: Any) -> bool:
@@ -382,6 +401,16 @@ def _finish(data: Any, locs: Locs, diags: list[Diagnostic], file: str, overrides
         diags += d
     g, d = graph_from_data(data, locs, file)
     return g, diags + d
+
+
+def override_graph(g: Graph, overrides: Iterable[str]) -> tuple[Graph | None, list[Diagnostic]]:
+    """A Graph (from YAML or the Python builder) with `key=value` overrides applied as the command line
+    applies them to a file: the same paths, checks and did-you-mean. Keys keep their locations."""
+    overrides = list(overrides)
+    if not overrides:
+        return g, []
+    locs = dict(g.locs)
+    return _finish(graph_to_data(g), locs, [], g.source_file or "<python>", overrides)
 
 
 def load_graph(path: str, overrides: Iterable[str] = ()) -> Graph:

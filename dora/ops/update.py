@@ -116,11 +116,12 @@ class UpdateOp(ShardedOp):
         self.end_group()
         return ()
 
-    def save_checkpoint(self, folder: str | None = None) -> dict:
+    def save_checkpoint(self, folder: str | None = None, optimizer: bool = True, dtype: str = "training") -> dict:
         """Rank 0 (a control call, or at the end): every rank writes the step just trained.
 
         `folder`: the run's staged checkpoint, to which the driver adds the rest of the run state
         (dora/rl/checkpoint.py); None: checkpoints/step_N on its own (temp folder + rename).
+        `optimizer`, `dtype`: with the optimizer state or not, weights as trained or in bfloat16.
         """
         if self.step == 0 or (folder is None and self.last_saved_step == self.step):
             return {"step": self.step, "folder": None}
@@ -129,9 +130,10 @@ class UpdateOp(ShardedOp):
         if folder is None:
             shutil.rmtree(target, ignore_errors=True)
         os.makedirs(target, exist_ok=True)   # before any rank writes into it
+        options = {"optimizer": bool(optimizer), "dtype": str(dtype)}
         if self.group is not None:
-            self.group.post("checkpoint", {"folder": target})
-        self._checkpoint(target)
+            self.group.post("checkpoint", {"folder": target, **options})
+        self._checkpoint(target, **options)
         if folder is None:
             shutil.rmtree(final, ignore_errors=True)
             os.replace(target, final)
@@ -152,7 +154,7 @@ class UpdateOp(ShardedOp):
         self._run_step(cols, header, time.perf_counter())
 
     def on_checkpoint(self, header: dict[str, Any], cols: dict[str, list]) -> None:
-        self._checkpoint(header["folder"])
+        self._checkpoint(header["folder"], bool(header.get("optimizer", True)), str(header.get("dtype", "training")))
 
     # ------------------------------------------------------------------ training
     def _train_step(self, chosen: list[int]) -> None:
@@ -238,11 +240,13 @@ class UpdateOp(ShardedOp):
             event.update(self.last_broadcast)
         self.ctx.report(event)
 
-    def _checkpoint(self, folder: str) -> None:
+    def _checkpoint(self, folder: str, optimizer: bool = True, dtype: str = "training") -> None:
         """Every rank: the training state of this step into `folder` (collective): the full weights
-        (rank 0), every rank's shards of model and optimizer, and the trainer's step, version and RNG."""
+        (rank 0), every rank's shards of the optimizer (unless not asked), and the trainer's step,
+        version and RNG."""
         trainer_checkpoint.save(self.sharded, self.optimizer, self.tokenizer, folder, step=self.step,
-                                version=self.version, ranks=self.ranks, precision=self.p["precision"], leader=self.leader)
+                                version=self.version, ranks=self.ranks, precision=self.p["precision"], leader=self.leader,
+                                with_optimizer=optimizer, dtype=dtype)
         self.last_saved_step = self.step
 
     def _restore(self, folder: str) -> None:

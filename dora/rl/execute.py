@@ -99,6 +99,7 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
     current (False: no live counters at all, for the dashboard's overhead benchmark); dashboard_port
     also serves it (0: any free port)."""
     resolved = resolved or resolve(graph)
+    os.makedirs(run_dir, exist_ok=True)
     problem = _claim_run_files(graph, run_dir, quiet, write_pipeline=resume is None, policies=list(resolved.policies))
     if problem:
         print(f"dora run: {problem}", file=sys.stderr)

@@ -71,11 +71,14 @@ def commit(driver, snap: Snapshot, keep: int) -> str:
     rename the checkpoint into place."""
     run_dir = driver.files_dir
     staged = checkpoint.staging(run_dir, snap.step)
-    done = driver.ctrl.call(driver.roles.update, 0, "save_checkpoint", {"folder": staged}, timeout=600.0)
+    run = driver.run_cfg
+    done = driver.ctrl.call(driver.roles.update, 0, "save_checkpoint",
+                            {"folder": staged, "optimizer": run.save_optimizer != "never", "dtype": run.save_dtype},
+                            timeout=600.0)
     if int(done["step"]) != snap.step:
         raise RuntimeError(f"the trainer checkpointed step {done['step']}, the run state is of step {snap.step}")
     checkpoint.write_state(staged, snap.state, snap.pending)
-    return checkpoint.commit(run_dir, snap.step, keep)
+    return checkpoint.commit(run_dir, snap.step, keep, optimizer_in_newest_only=run.save_optimizer == "last")
 
 
 def replica_restores(state: dict[str, Any], roles, graph, folder: str) -> dict[str, dict[str, Any]]:

@@ -167,9 +167,11 @@ def gpu_shortfall(graph: Graph, inventory: Inventory) -> str | None:
     if need <= len(inventory.gpus):
         return None
     pools = ", ".join(f"{n} ({c})" for n, c in gpu_pools)
+    on_cpu = " ".join(f"pools.{n}.device=cpu" for n, _ in gpu_pools)
     return (f"gpu pools {pools} need {need} GPU(s); this machine has {len(inventory.gpus)} ({inventory.source}). "
             "Lower the pools' count, set CUDA_VISIBLE_DEVICES, or use --backend ray on a cluster "
-            "(--dry-run shows the plan without GPUs)")
+            f"(--dry-run shows the plan without GPUs). To try it on this machine's CPU, override: {on_cpu} "
+            "(a model sized for GPUs is slow there: smaller model.* and async.train_batch make it a smoke test)")
 
 
 def plan(graph: Graph, inventory: Inventory | None = None, sharded: set[str] | None = None,
