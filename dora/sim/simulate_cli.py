@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fast-lanes", type=int, default=DEFAULT_FAST_LANES, metavar="N",
                    help="dora: at most N rollout instances serve as fast lanes for stragglers (async.fast_lanes; "
                         f"default {DEFAULT_FAST_LANES}: as many as measured, 0: none)")
+    p.add_argument("--policy", action="append", default=[], metavar="NAME:WORKLOAD:TBS",
+                   help="two or more: the policies share one rollout pool (dora/sim/two_policies.py); one row per "
+                        "--splits entry, each policy trained --steps steps in --modes' first mode")
+    p.add_argument("--splits", default="static,load", help="how the shared pool is split: static, load (or both)")
     p.add_argument("--json", default=None, metavar="FILE", help="write results as a JSON array")
     p.add_argument("--trace-out", default=None, metavar="FILE",
                    help="Chrome/Perfetto trace (one file per mode: FILE with .<mode> before the extension)")
@@ -190,6 +194,8 @@ def simulate_main(argv: list[str] | None = None) -> int:
     except (RolloutConfigError, WorkloadError, ValueError) as e:
         print(f"dora simulate: error: {e}", file=sys.stderr)
         return 2
+    if a.policy:
+        return policies_main(a, configs[0])
     if ks:
         return _sweep_main(a, configs[0], ks)
     rows: list[dict[str, Any]] = []
@@ -253,6 +259,32 @@ def _sweep_main(a: argparse.Namespace, base: SimConfig, ks: list[int]) -> int:
         return 1
     print_sweep(rows, f"{base.model}, {a.gpus} GPUs, {a.train_batch} trajectories/step (G={a.group_size}), "
                       f"{a.steps} steps, {a.trace or a.workload}: dora per K against sync and the partial baselines")
+    return _write_json(a.json, rows)
+
+
+def policies_main(a: argparse.Namespace, cfg: SimConfig) -> int:
+    """Several policies on one shared pool, one row per split (dora/sim/two_policies.py)."""
+    from .policy_split import SPLITS
+    from .two_policies import SimPolicy, simulate_policies
+    try:
+        policies = [SimPolicy.parse(x) for x in a.policy]
+        for p in policies:
+            get_workload(p.workload, None)
+        splits = [x.strip() for x in a.splits.split(",") if x.strip()]
+        if not splits or set(splits) - set(SPLITS):
+            raise ValueError(f"--splits {a.splits!r}: expected a subset of {','.join(SPLITS)}")
+        rows = [simulate_policies(cfg, policies, s) for s in splits]
+    except (ValueError, WorkloadError) as e:
+        print(f"dora simulate: error: {e}", file=sys.stderr)
+        return 2
+    except SimulationError as e:
+        print(f"dora simulate: failed: {e}", file=sys.stderr)
+        return 1
+    for r in rows:
+        per = "  ".join(f"{u}: step {q['step_time_s']:.0f} s, {q['tokens_per_s']:,.0f} tok/s, done at {q['finished_s']:.0f} s, "
+                        f"{q['instances_held']:.1f} instances, C1-C3 {q['c1_violations']}/{q['c2_violations']}/"
+                        f"{q['c3_violations']}" for u, q in r["policies"].items())
+        print(f"{r['split']:>6}: all done at {r['makespan_s']:,.0f} s, {r['instances_moved']} instances moved  |  {per}")
     return _write_json(a.json, rows)
 
 
