@@ -46,6 +46,8 @@ DATASET = OpSpec(
         P("chat_template", "str?", None, "chat template (null = the model's default)"),
         P("on_error", "str", "fail", "a bad row of a file source: fail the run naming file:line (exit 2), or skip "
           "it (skipped rows are counted in summary.json accounting.dataset_skipped_rows)", choices=("fail", "skip")),
+        P("holdout", "float", 0.0, "share of the source's distinct prompts kept out of training, chosen by a hash of "
+          "the prompt text (held-out sets with split: holdout evaluate on exactly those)", min=0, max=0.9),
     ),
     impl="dora.ops.dataset:DatasetOp",
     check="dora.ops.dataset:check_params",

@@ -73,4 +73,7 @@ def format_graph(g: Any) -> str:
         lines += _table([(f"%{w.src}", "->", f"%{w.dst}") for w in g.weights])
     lines.append(f" async: {_section(g.async_, tuple(section_specs(type(g.async_))))}")
     lines.append(f" run: {_section(g.run, tuple(section_specs(type(g.run))))}")
+    for name, e in getattr(g, "evals", {}).items():
+        specs = section_specs(type(e))   # (a set's settings as written: the rest are defaults)
+        lines.append(f" eval {name}: {_section(e, tuple(k for k, ps in specs.items() if getattr(e, k) != ps.default))}")
     return "\n".join(lines)

@@ -17,6 +17,7 @@ import dataclasses
 from typing import Any
 
 from dora.graph.diagnostics import GraphError, errors_of
+from dora.graph.eval_check import resolve_evals
 from dora.graph.model import Graph, RunConfig
 from dora.graph.opspec import OpSpec, fill_params
 from dora.graph.schema import resolve_all
@@ -34,6 +35,7 @@ class Resolved:
     params: dict[str, dict[str, Any]]    # node -> every declared param, checked, typed, derived
     async_: AsyncSettings
     run: RunConfig
+    evals: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)   # held-out sets, nulls filled
 
     def op_of(self, node: str) -> str:
         return self.specs[node].name
@@ -51,7 +53,7 @@ def resolve(g: Graph) -> Resolved:
     _derive_broadcast_world(g, specs, params)
     async_ = resolve_async(g.async_, group_size_of(g, specs, params))
     async_ = dataclasses.replace(async_, versions_per_instance=versions_per_instance(async_, specs, params))
-    return Resolved(g, specs, params, async_, dataclasses.replace(g.run))
+    return Resolved(g, specs, params, async_, dataclasses.replace(g.run), resolve_evals(g, specs, params))
 
 
 def versions_per_instance(a: AsyncSettings, specs: dict[str, OpSpec], params: dict[str, dict[str, Any]]) -> int:

@@ -10,6 +10,8 @@ Sources (param `source`):
                       `answer`, optional `data_source` (becomes `task`); a bad row fails the run
                       naming file:line (exit 2), or with on_error: skip is skipped and counted
 `size` is the number of prompts generated, or for files the first `size` good rows (0 = all).
+`holdout` (a share) then takes out the prompts a hash of their text puts in the held-out share
+(dora/ops/eval_data.py): held-out sets with `split: holdout` evaluate on exactly those.
 
 Rows: uid, group_id, prompt (text as fed to the model: chat template applied for chat models),
 prompt_ids, answer, task. The stream runs epoch after epoch (epochs=0: endless), reshuffled
@@ -53,6 +55,12 @@ class DatasetOp(Operator):
             records, self.skipped = loaded.records, (loaded.skipped, loaded.skipped_where)
         else:
             records, self.skipped = load_records(source, p["size"], self.seed, dict(p["task_params"])), (0, [])
+        if p["holdout"] > 0:   # the held-out share never trains (held-out sets with split: holdout take it)
+            from dora.ops.eval_data import held_out
+            kept = [r for r in records if not held_out(r, p["holdout"])]
+            if not kept:
+                raise DatasetError(f"{source}: holdout {p['holdout']} left no prompt to train on ({len(records)} read)")
+            records = kept
         self.records = [render(r, self.tokenizer, p["chat_template"]) for r in records]
         self.has_meta = any("task_meta" in r for r in self.records)
 

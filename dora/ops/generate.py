@@ -34,6 +34,9 @@ versions still hosted here.
 C1 across turns: a trajectory waiting on a tool takes its next turn on its own version, so that
 version stays hosted while it waits (AgentLoop.waiting_versions -> Engine.keep_versions), and
 load_version refuses a version that would leave no room for it (always when max_versions is 1).
+Rows with an `eval_set` column are held-out evaluation requests (dora/ops/eval_requests.py): run on
+their own version with the set's sampling, reported in `eval_finished` events instead of emitted,
+and aborted (`eval_aborted`) rather than ever holding up a load_version, interrupt_all or sleep.
 max_turns > 1: multi-turn rollouts with tools (dora/ops/multiturn/agent_loop.py): a request is a
 trajectory of model turns and tool observations under one uid; the rows get the multi-turn columns
 and the `finished` event per-trajectory lists (agent_loop.event_fields).
@@ -51,6 +54,7 @@ from dora.graph.builtin_ops import MULTITURN_COLUMNS, PARKED_KV_COUNTERS
 from dora.graph.columns import COLUMNS
 from dora.ops.base import Operator, OpContext, WithBuffers
 from dora.ops.engines.engine import Completion, Engine, SamplingRequest, states_from_wire, states_to_wire
+from dora.ops.eval_requests import EvalRequests, is_eval
 from dora.ops.multiturn.agent_loop import AgentLoop, event_fields, trajectory_columns
 from dora.ops.tools.tool_parsers import stop_parser_problem
 from dora.ops.tools.tool_registry import tools_problems
@@ -86,6 +90,7 @@ class GenerateOp(Operator):
         self.in_flight: set[str] = set()           # uids submitted or imported here, not yet finished or handed on
         self.kv_reported = dict.fromkeys(PARKED_KV_COUNTERS, 0)
         self.waits_reported: set[str] = set()      # uids in a tool wait at the last `tool_waits` event
+        self.evals = EvalRequests(self)            # held-out evaluation requests (dora/ops/eval_requests.py)
         if p["weight_sync"] == "broadcast" and not ctx.run_dir:
             raise ValueError(f"{ctx.label}: weight_sync: broadcast needs a run_dir (the rendezvous file is there)")
         self.receiver = None
@@ -103,7 +108,7 @@ class GenerateOp(Operator):
         for name in ("uid", "prompt_ids"):
             if name not in batch.schema.names:
                 raise ValueError(f"{self.ctx.label}: input batch lacks column {name!r}; it has {batch.schema.names}")
-        for f in batch.schema:
+        for f in batch.schema if "eval_set" not in batch.schema.names else ():   # (training rows' types only)
             if f.name not in self.out_columns:
                 self.in_fields.setdefault(f.name, f)
         rows = batch.to_pylist()
@@ -115,6 +120,9 @@ class GenerateOp(Operator):
             version = self.engine.version if version is None else int(version)
             uid, prompt_ids = str(row["uid"]), [int(t) for t in row["prompt_ids"]]
             passed = {k: v for k, v in row.items() if k not in self.out_columns}
+            if is_eval(row):
+                self.evals.start(uid, prompt_ids, version, passed)
+                continue
             if self.agent is not None:
                 self.agent.start(uid, prompt_ids, version, passed)
             else:
@@ -131,6 +139,7 @@ class GenerateOp(Operator):
         if self.agent is not None:   # finished turns go on to tools; only ended trajectories come back
             done = self.agent.advance(done)
             self._report_waits()
+        done = self.evals.take_finished(done)   # (reported, never emitted)
         self.in_flight.difference_update(c.uid for c in done)
         if not done:
             return ()
@@ -192,6 +201,7 @@ class GenerateOp(Operator):
 
     # ------------------------------------------------------------------ control
     def load_version(self, version: int, path: str) -> dict[str, Any]:
+        self.evals.abort_others(int(version), f"version {version} loaded")   # evaluation never blocks a load
         waiting = self.agent.waiting_versions() if self.agent is not None else set()
         if waiting and (self.max_versions == 1 or len(waiting | {int(version)}) > self.max_versions):
             # C1 across turns: their next turn must run on their version, which must stay hosted
@@ -239,6 +249,7 @@ class GenerateOp(Operator):
         return WithBuffers(value, frames)
 
     def interrupt_all(self):
+        self.evals.abort_others(None, "interrupt_all")
         self.in_flight.clear()
         states = (self.agent or self.engine).interrupt_all()
         if self.agent is not None:
@@ -254,7 +265,8 @@ class GenerateOp(Operator):
         return {"imported": [s.request.uid for s in states], "hosted": self.engine.hosted_versions()}
 
     def abort(self, uids: list[str]) -> dict[str, Any]:
-        aborted = [u for u in map(str, uids) if (self.agent.abort(u) if self.agent is not None
+        gone = self.evals.abort([str(u) for u in uids])
+        aborted = gone + [u for u in map(str, uids) if u not in gone and (self.agent.abort(u) if self.agent is not None
                                                  else self.engine.abort(u) is not None)]
         self.in_flight.difference_update(aborted)
         if self.agent is not None:
@@ -271,6 +283,7 @@ class GenerateOp(Operator):
     def sleep(self) -> dict[str, Any]:
         """Release the KV cache and the weights (only when nothing is in flight here)."""
         t0 = time.perf_counter()
+        self.evals.abort_others(None, "sleep")
         if self.in_flight:
             raise RuntimeError(f"{self.ctx.label}: sleep() with {len(self.in_flight)} requests in flight; export them first")
         freed = self.engine.sleep()

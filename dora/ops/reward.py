@@ -57,10 +57,7 @@ class RewardOp(Operator):
         for i, row in enumerate(batch.to_pylist()):
             uid = row.get("uid", f"row {i}")
             try:
-                text = row["final_turn_text"] if "final_turn_text" in row else row["response_text"]
-                r = float(self.fn(text or "", "" if row["answer"] is None else str(row["answer"]), row))
-                if not math.isfinite(r):
-                    raise ValueError(f"returned a non-finite reward {r}")
+                r = score_row(self.fn, row)
             except Exception as e:  # any failure of user or verifier code is reported per uid
                 msg = f"{type(e).__name__}: {e}"
                 if self.on_error == "fail":
@@ -77,6 +74,16 @@ class RewardOp(Operator):
 
     def stats(self) -> dict[str, Any]:
         return {"scored": self.scored, "reward_errors": self.errors}
+
+
+def score_row(fn: ScoreFn, row: dict) -> float:
+    """One trajectory's reward (held-out sets score through here too): a multi-turn row on the model's
+    final turn; a non-finite value is an error."""
+    text = row["final_turn_text"] if "final_turn_text" in row else row["response_text"]
+    r = float(fn(text or "", "" if row["answer"] is None else str(row["answer"]), row))
+    if not math.isfinite(r):
+        raise ValueError(f"returned a non-finite reward {r}")
+    return r
 
 
 def fn_problem(name: str) -> str | None:

@@ -30,6 +30,7 @@ from dora.graph.resolve import Resolved
 from dora.observe.trace import TraceWriter
 from dora.rl import replica_loss, rollout_start, run_accounting, run_state, trainer_restart
 from dora.rl.clock import RunClock
+from dora.rl.evaluation import Evaluations
 from dora.rl.elastic_lending import ElasticLending
 from dora.rl.prompt_feed import PromptFeed
 from dora.rl.replica_instance import CALL_TIMEOUT_S, ReplicaInstance
@@ -89,6 +90,10 @@ class RLDriver:
         self.reused_instances: list[ReplicaInstance] = []   # the generate replicas, across trainer restarts
         self.elastic: ElasticLending | None = None   # async.elastic: set up with the rollout controller
         self.shared: SharedDevices | None = None     # replicas on the trainer's devices that sleep while it steps
+        self.feed.samples_per_step = self.run_cfg.samples_per_step
+        self.stopping = False                        # a stop signal: the run ends without waiting for evaluations
+        done_before = {(int(r["version"]), str(r["set"])) for r in getattr(metrics, "evals", [])}
+        self.evaluations = Evaluations(self, resolved.evals, done_before) if resolved.evals else None
 
     # ------------------------------------------------------------ controller hooks
     def attach(self, ctrl) -> None:
@@ -103,7 +108,7 @@ class RLDriver:
     def on_batch(self, src_node: str, batch: pa.RecordBatch) -> None:
         if src_node == self.roles.dataset:
             self.prompts.add(batch)
-            if self.rc is not None and not self.prompts.dataset_done:
+            if self.rc is not None and not self.prompts.dataset_done and not self._done:
                 # A short buffer earlier was prompts still in transit, not the end of the dataset.
                 self.rc.manager.exhausted = False
                 self.rc.tick()
@@ -117,6 +122,11 @@ class RLDriver:
             self.multiturn.on_event(f"{node}[{replica}]", ev, self.rc)
         if kind == "finished" and node == self.roles.generate:
             self._on_finished(node, replica, ev)
+        elif kind in ("eval_finished", "eval_aborted") and self.evaluations is not None:
+            if kind == "eval_finished":
+                self.evaluations.on_samples(ev.get("samples") or [])
+            else:
+                self.evaluations.on_aborted(ev.get("uids") or [])
         elif kind in ("weights", "train_step") and trainer_restart.stale(self, ev):
             self.progress.status(f"ignored a dead trainer's late {kind} event")
         elif kind == "weights":
@@ -139,6 +149,8 @@ class RLDriver:
             self.progress.status(f"{node}[{replica}] rejected a message: {ev.get('error')}")
         elif kind == "done" and node == self.roles.update:
             self._done = True
+            if self.evaluations is not None:
+                self.evaluations.training_done()   # the run ends once they have too (bounded: timeout_s)
         self._maybe_train()
 
     def on_eos(self, src_node: str, dst_node: str) -> None:
@@ -152,6 +164,8 @@ class RLDriver:
             return   # (a resumed run also waits for the trainer to publish the version it resumes at)
         rc = self._rc()
         rc.tick()
+        if self.evaluations is not None:
+            self.evaluations.tick()
         self._maybe_train()
         stuck = self.feed.overdue(self.clock.now(), self.ctrl.stall_timeout_s)
         if stuck is not None:
@@ -162,13 +176,17 @@ class RLDriver:
             self.stop_reason = f"dataset exhausted after {self.steps_done} of {self.total_steps} steps"
             self.progress.status(self.stop_reason)
             self._done = True
+            if self.evaluations is not None:
+                self.evaluations.training_done()
 
     def done(self) -> bool:
-        return self._done
+        """Training is over and so are the held-out evaluations (each bounded by its timeout), or a
+        stop signal came (which waits for none)."""
+        return self._done and (self.stopping or self.evaluations is None or not self.evaluations.busy())
 
     def on_stop(self, reason: str) -> None:
         """The run is asked to stop (a signal): dispatch no more, checkpoint what the trainer has trained."""
-        self._done = True
+        self._done = self.stopping = True
         run_state.checkpoint_at_stop(self)
         self.stop_reason = f"stopped by {reason} after {self.steps_done} of {self.total_steps} steps"
 
@@ -238,6 +256,8 @@ class RLDriver:
             return   # the trainer's starting weights (replicas hold v0, or load a resumed version at start)
         if run_state.checkpoint_due(version, self.total_steps, self.run_cfg.save_every):
             self.snapshot = run_state.capture(self, version)   # before any request of this version exists
+        if self.evaluations is not None and self.rc is not None:
+            self.evaluations.published(version)   # (before the mode hears of it: sync evaluates before the batch)
         if self.elastic is not None:
             self.elastic.publish(version)
         elif self.shared is not None:
@@ -279,6 +299,7 @@ class RLDriver:
         self._rc().on_trained(version - 1, version, [str(u) for u in ev.get("uids", sent["uids"])])
         rec = driver_step_record(self, step, version, sent, ev, now)
         self.metrics.write(rec)
+        self.metrics.write_samples([{"kind": "train", "step": step, **row} for row in sent.get("samples", [])])
         self.progress.step(rec)
         self.steps_done = step
         self.trained_here += len(sent["uids"])

@@ -2,6 +2,8 @@
 are cut back to what the weights of step N saw.
 
     metrics.jsonl, trained.jsonl   keep the lines of steps <= N (each step once, each trained uid once)
+    eval.jsonl, samples.jsonl      keep the evaluations of versions <= N and the samples of steps <= N
+    checkpoints/best               rolled back too when it holds a version > N (run.keep_best)
     tb/, wandb/                    the logger folders of the earlier segments (they hold steps > N)
     checkpoints/step_M (M > N)     folders --resume did not trust (torn or corrupted)
 
@@ -21,7 +23,7 @@ import shutil
 from typing import Any
 
 ROLLED_BACK = "rolled_back"
-LEDGERS = ("metrics.jsonl", "trained.jsonl")
+LEDGERS = ("metrics.jsonl", "trained.jsonl", "eval.jsonl", "samples.jsonl")   # (eval and samples: step = version)
 LOGGER_DIRS = ("tb", "wandb")
 FROM_STEP = {"resume": "resumed_from_step", "restart": "restarted_from_step"}   # rolled_back.json's key, by kind
 
@@ -73,12 +75,13 @@ def roll_back(run_dir: str, step: int, untrusted: list[str] = (), kind: str = "r
     the run: rolled_back/restart_K/). Returns what was moved (also in rolled_back.json)."""
     splits = {name: split_lines(os.path.join(run_dir, name), step) for name in LEDGERS}
     loggers = [d for d in LOGGER_DIRS if os.path.isdir(os.path.join(run_dir, d))]
-    untrusted = [p for p in untrusted if os.path.isdir(p)]
+    untrusted = [p for p in untrusted if os.path.isdir(p)] + _best_after(run_dir, step)
     report: dict[str, Any] = {FROM_STEP[kind]: int(step),
                               "metrics_rows": len(splits["metrics.jsonl"][1]),
                               "trained_rows": len(splits["trained.jsonl"][1]),
                               "trained_trajectories": sum(len(json.loads(x).get("uids", []))
                                                           for x in splits["trained.jsonl"][1] if _is_json(x)),
+                              "eval_rows": len(splits["eval.jsonl"][1]),
                               "logger_dirs": loggers, "checkpoints": [os.path.basename(p) for p in untrusted]}
     if not (any(cut for _, cut in splits.values()) or loggers or untrusted):
         return report
@@ -99,6 +102,16 @@ def roll_back(run_dir: str, step: int, untrusted: list[str] = (), kind: str = "r
             _replace(os.path.join(run_dir, name), kept)
     report["folder"] = seg
     return report
+
+
+def _best_after(run_dir: str, step: int) -> list[str]:
+    """checkpoints/best when the version it holds is newer than `step` (that lineage is abandoned)."""
+    path = os.path.join(run_dir, "checkpoints", "best")
+    try:
+        with open(os.path.join(path, "best.json"), encoding="utf-8") as f:
+            return [path] if int(json.load(f)["version"]) > step else []
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
 
 
 def kept_records(run_dir: str) -> list[dict[str, Any]]:

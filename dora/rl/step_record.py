@@ -63,3 +63,22 @@ def batch_summary(uids: list[str], rows: list[dict[str, Any]], sent_at: float) -
     return {"uids": uids, "sent_at": sent_at, "reward_mean": sum(rewards) / len(rewards) if rewards else None,
             "tokens": sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows),
             "response_tokens": [len(r["response_ids"]) for r in rows]}
+
+
+SAMPLE_FIELDS = ("uid", "prompt", "response_text", "final_turn_text", "reward", "policy_version", "finish_reason")
+
+
+def sample_rows(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """`n` rows of a batch, evenly spread over it, as samples.jsonl keeps them (what the model wrote,
+    what it was scored)."""
+    if n <= 0 or not rows:
+        return []
+    picked = rows[::max(1, len(rows) // n)][:n]
+    out = []
+    for r in picked:
+        s = {k: r.get(k) for k in SAMPLE_FIELDS if k in r}
+        s["response"] = s.pop("response_text", None)
+        s["version"] = s.pop("policy_version", None)
+        s["response_tokens"] = len(r.get("response_ids") or [])
+        out.append(s)
+    return out

@@ -50,8 +50,10 @@ def partition(total: int, load: dict[int, int]) -> dict[int, int]:
 class Orchestrator:
     """Decides; the Dispatcher does (weight loads, migrations)."""
 
-    def __init__(self, manager: RolloutManager, dispatcher: Dispatcher, limit: int = 1):
+    def __init__(self, manager: RolloutManager, dispatcher: Dispatcher, limit: int = 1,
+                 evaluating: set[str] | None = None):
         self.m, self.d, self.limit = manager, dispatcher, limit   # limit: M, versions per instance
+        self.evaluating = evaluating if evaluating is not None else set()   # claimed for held-out evaluation
         self.slots_of = manager.slots_of
         self.migrate = dispatcher.migrate
 
@@ -62,7 +64,8 @@ class Orchestrator:
         `newest_floor` instances (what keeps the trainer fed)."""
         m = self.m
         # lent trainer devices (elastic) are extra instances of the newest version, outside the partition
-        regular = {n: i for n, i in m.instances.items() if n not in m.lent}
+        # (and instances loaded for a held-out evaluation stay outside it until the evaluation is done)
+        regular = {n: i for n, i in m.instances.items() if n not in m.lent and n not in self.evaluating}
         load = dict(m.outstanding)
         for n in m.lent:
             v = m.instances[n].version
