@@ -1,4 +1,4 @@
-"""The `dora` command: validate, draw and list pipelines; dispatch run, simulate, dashboard and plot.
+"""The `dora` command: validate, draw and list pipelines; dispatch run, simulate, dashboard, plot and eval.
 
 Exit codes: 0 ok, 1 failure, 2 bad input (config, graph, arguments). Bad input never
 ends in a traceback: it is reported as `file:line: error: ...` lines.
@@ -24,6 +24,7 @@ examples:
   dora run pipelines/quickstart.yaml --out runs/quickstart [--dashboard]
   dora dashboard runs/quickstart                     # the run's page again, on 127.0.0.1
   dora plot runs/a runs/b -o compare.png             # reward, tokens/s, staleness, versions live
+  dora eval runs/quickstart/checkpoints/step_40      # held-out sets, no training (or a pipeline's base model)
   dora simulate --help
 """
 
@@ -33,6 +34,7 @@ DISPATCH = {
     "simulate": ("dora.sim.simulate_cli", "simulate_main"),
     "dashboard": ("dora.observe.dashboard.read_run", "dashboard_main"),
     "plot": ("dora.observe.plot_runs", "plot_main"),
+    "eval": ("dora.rl.eval_cli", "eval_main"),
 }
 
 

@@ -139,7 +139,8 @@ class EvalSet:
 
     source: str | None = setting(None, "the set's prompts: synthetic:NAME, reasoning_gym:NAME, or a .jsonl/.parquet "
                                  "file (verl rows), as the dataset op reads them", names_from=SOURCE_CHECK)
-    size: int = setting(100, "distinct prompts in the set (a file: its first rows; 0 = every row of a file)", min=0)
+    size: int = setting(100, "prompts in the set, drawn as the dataset op draws them (a file: its first rows; 0 = "
+                        "every row of a file)", min=0)
     seed: int | None = setting(None, "generation seed of a synthetic or reasoning-gym source (null: the training "
                                "dataset's seed + 1 on its own source, else 0)", min=0)
     split: str = setting("all", "all: every prompt of the source; holdout: only the prompts the training dataset "

@@ -11,7 +11,7 @@ Sources (param `source`):
                       naming file:line (exit 2), or with on_error: skip is skipped and counted
 `size` is the number of prompts generated, or for files the first `size` good rows (0 = all).
 `holdout` (a share) then takes out the prompts a hash of their text puts in the held-out share
-(dora/ops/eval_data.py): held-out sets with `split: holdout` evaluate on exactly those.
+(dora/ops/holdout.py): held-out sets with `split: holdout` evaluate on exactly those.
 
 Rows: uid, group_id, prompt (text as fed to the model: chat template applied for chat models),
 prompt_ids, answer, task. The stream runs epoch after epoch (epochs=0: endless), reshuffled
@@ -56,7 +56,7 @@ class DatasetOp(Operator):
         else:
             records, self.skipped = load_records(source, p["size"], self.seed, dict(p["task_params"])), (0, [])
         if p["holdout"] > 0:   # the held-out share never trains (held-out sets with split: holdout take it)
-            from dora.ops.eval_data import held_out
+            from dora.ops.holdout import held_out
             kept = [r for r in records if not held_out(r, p["holdout"])]
             if not kept:
                 raise DatasetError(f"{source}: holdout {p['holdout']} left no prompt to train on ({len(records)} read)")

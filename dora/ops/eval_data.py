@@ -1,62 +1,39 @@
 """The prompts of a held-out set (the pipeline's `eval:` section, dora/graph/eval_check.py), read
 with the dataset op's own sources and rendering, and the hold-out rule the dataset op trains by.
 
-A set is distinct prompts: a source that repeats a prompt (a small synthetic task) gives it once.
-`split: holdout` takes only the prompts the training dataset holds out: `held_out(record, share)` is
-a hash of the prompt text, so the dataset op (which skips them) and a set (which takes them) agree
-on every run and every machine without sharing any state.
+A set is `size` rows drawn from its source as the dataset op draws them (a generator's rows with
+the set's seed, a file's first rows), so it follows the source's distribution, repeats included.
+`eval_rows` are the requests the generate op takes for them (dora/ops/eval_requests.py).
+`split: holdout` takes only the prompts the training dataset holds out (dora/ops/holdout.py: the
+dataset op skips exactly those).
 """
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from dora.ops.dataset import load_records, render
 from dora.ops.data_files import DatasetError, file_records
+from dora.ops.holdout import held_out
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
-# split: holdout on a generated source draws rows until `size` held-out prompts are found; a source
-# whose distinct prompts run out first stops growing this many times `size` rows in.
+# split: holdout on a generated source draws rows until `size` of them are held-out prompts; a source
+# that holds out few stops growing this many times `size` rows in.
 MAX_DRAW = 64
 
 
-def prompt_text(record: dict) -> str:
-    """The prompt as written in the source (chat messages joined), before any template."""
-    p = record["prompt"]
-    return p if isinstance(p, str) else "\n".join(f"{m.get('role')}: {m.get('content')}" for m in p)
-
-
-def held_out(record: dict, share: float) -> bool:
-    """Is this prompt in the held-out `share` of its source? (a hash of its text: the same everywhere)"""
-    if share <= 0:
-        return False
-    digest = hashlib.sha1(prompt_text(record).encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") / 2 ** 64 < share
-
-
-def _distinct(records: list[dict], keep) -> list[dict]:
-    seen, out = set(), []
-    for r in records:
-        key = prompt_text(r)
-        if key not in seen and keep(r):
-            seen.add(key)
-            out.append(r)
-    return out
-
-
 def raw_records(s: dict[str, Any]) -> list[dict]:
-    """The set's records (distinct prompts, the split applied), at most `size` (0: a file's every row)."""
+    """The set's records (the split applied), at most `size` (0: a file's every row)."""
     size, share = int(s["size"]), float(s["holdout"])
     keep = (lambda r: held_out(r, share)) if s["split"] == "holdout" else (lambda r: True)
     if s["source"].endswith(FILE_SUFFIXES):
-        rows = _distinct(file_records(s["source"], 0).records, keep)
+        rows = [r for r in file_records(s["source"], 0 if s["split"] == "holdout" else size).records if keep(r)]
         return rows[:size] if size else rows
     if size < 1:
         raise DatasetError(f"held-out set {s['name']!r}: size must be >= 1 for a generated source ({s['source']})")
     n, rows = size, []
     while True:
-        rows = _distinct(load_records(s["source"], n, s["seed"], dict(s["task_params"])), keep)
+        rows = [r for r in load_records(s["source"], n, s["seed"], dict(s["task_params"])) if keep(r)]
         if len(rows) >= size or n >= size * MAX_DRAW:
             break
         n *= 2
@@ -69,3 +46,32 @@ def raw_records(s: dict[str, Any]) -> list[dict]:
 def eval_prompts(s: dict[str, Any], tokenizer) -> list[dict]:
     """The set's prompts as the model reads them: {prompt, prompt_ids, answer, task[, task_meta]}."""
     return [render(r, tokenizer, s["chat_template"]) for r in raw_records(s)]
+
+
+def eval_rows(name: str, s: dict[str, Any], prompts: list[dict], version: int) -> list[dict[str, Any]]:
+    """The prompt rows the generate op takes as evaluation requests of `version` on set `name`:
+    samples per prompt, uid `eval:<set>:v<version>:<prompt>-<sample>`, the set's sampling alongside."""
+    rows = []
+    for i, p in enumerate(prompts):
+        gid = f"eval:{name}:v{version}:{i}"
+        for j in range(s["samples"]):
+            rows.append({"uid": f"{gid}-{j}", "group_id": gid, "prompt": p["prompt"], "prompt_ids": p["prompt_ids"],
+                         "answer": p["answer"], "task": p.get("task"), "task_meta": p.get("task_meta"),
+                         "eval_set": name, "eval_temperature": float(s["temperature"]),
+                         "eval_top_p": float(s["top_p"]), "eval_max_tokens": int(s["max_tokens"]),
+                         "policy_version": version})
+    return rows
+
+
+def is_eval(row: dict[str, Any]) -> bool:
+    """Is this prompt row a held-out evaluation request (one of eval_rows)?"""
+    return row.get("eval_set") is not None
+
+
+def eval_sampling(row: dict[str, Any], sampling: dict[str, Any]) -> dict[str, Any]:
+    """A request's sampling: an evaluation row's set's temperature, top_p and max_tokens instead of
+    the generate node's (`sampling`: temperature, top_p, top_k, max_tokens)."""
+    if not is_eval(row):
+        return sampling
+    return {**sampling, "temperature": float(row["eval_temperature"]), "top_p": float(row["eval_top_p"]), "top_k": 0,
+            "max_tokens": int(row["eval_max_tokens"])}

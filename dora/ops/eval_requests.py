@@ -17,21 +17,11 @@ from __future__ import annotations
 from typing import Any
 
 from dora.ops.engines.engine import Completion, SamplingRequest
+from dora.ops.eval_data import eval_sampling
+from dora.ops.multiturn.agent_loop import trajectory_columns
 
 # the prompt row's columns an eval_finished sample carries (the reward function's row, samples.jsonl)
 ROW_FIELDS = ("prompt", "answer", "task", "task_meta", "eval_set")
-
-
-def is_eval(row: dict[str, Any]) -> bool:
-    return row.get("eval_set") is not None
-
-
-def eval_sampling(row: dict[str, Any], sampling: dict[str, Any]) -> dict[str, Any]:
-    """The request's sampling: the set's temperature, top_p and max_tokens instead of the node's."""
-    if not is_eval(row):
-        return sampling
-    return {**sampling, "temperature": float(row["eval_temperature"]), "top_p": float(row["eval_top_p"]), "top_k": 0,
-            "max_tokens": int(row["eval_max_tokens"])}
 
 
 class EvalRequests:
@@ -67,7 +57,6 @@ class EvalRequests:
                           response_tokens=len(c.response_ids), finish_reason=c.finish_reason,
                           response_text=self.op.tokenizer.decode(c.response_ids, skip_special_tokens=True))
             if self.op.agent is not None:   # scored on the model's final turn, as training rows are
-                from dora.ops.multiturn.agent_loop import trajectory_columns
                 cols = trajectory_columns(c, self.op.tokenizer)
                 sample.update(final_turn_text=cols["final_turn_text"], turns=cols["turns"], tool_calls=cols["tool_calls"])
             samples.append(sample)

@@ -54,7 +54,8 @@ from dora.graph.builtin_ops import MULTITURN_COLUMNS, PARKED_KV_COUNTERS
 from dora.graph.columns import COLUMNS
 from dora.ops.base import Operator, OpContext, WithBuffers
 from dora.ops.engines.engine import Completion, Engine, SamplingRequest, states_from_wire, states_to_wire
-from dora.ops.eval_requests import EvalRequests, is_eval
+from dora.ops.eval_data import is_eval
+from dora.ops.eval_requests import EvalRequests
 from dora.ops.multiturn.agent_loop import AgentLoop, event_fields, trajectory_columns
 from dora.ops.tools.tool_parsers import stop_parser_problem
 from dora.ops.tools.tool_registry import tools_problems

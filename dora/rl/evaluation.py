@@ -187,22 +187,13 @@ class Evaluations:
         return self.jobs.get((int(v[1:]), name))
 
     def _requests(self, version: int, name: str) -> list[Request]:
+        from dora.ops.eval_data import eval_prompts, eval_rows
         s = self.sets[name]
         if name not in self.prompts:
-            from dora.ops.eval_data import eval_prompts
             from dora.ops.models import load_tokenizer
             self.prompts[name] = eval_prompts(s, load_tokenizer(self.d.graph.model))
-        reqs = []
-        for i, p in enumerate(self.prompts[name]):
-            gid = f"eval:{name}:v{version}:{i}"
-            for j in range(s["samples"]):
-                row = {"uid": f"{gid}-{j}", "group_id": gid, "prompt": p["prompt"], "prompt_ids": p["prompt_ids"],
-                       "answer": p["answer"], "task": p.get("task"), "task_meta": p.get("task_meta"),
-                       "eval_set": name, "eval_temperature": float(s["temperature"]), "eval_top_p": float(s["top_p"]),
-                       "eval_max_tokens": int(s["max_tokens"]), "policy_version": version}
-                reqs.append(Request(uid=row["uid"], group_id=gid, version=version, prompt_tokens=len(p["prompt_ids"]),
-                                    payload=row))
-        return reqs
+        return [Request(uid=row["uid"], group_id=row["group_id"], version=version, prompt_tokens=len(row["prompt_ids"]),
+                        payload=row) for row in eval_rows(name, s, self.prompts[name], version)]
 
     def _hold(self, version: int) -> None:
         """Keep version `version`'s weights file until its evaluations end (the trainer prunes old ones)."""

@@ -32,7 +32,7 @@ import dataclasses
 from typing import Any
 
 from dora.ops.engines.engine import Completion, Engine, SamplingRequest, SequenceState
-from dora.ops.eval_requests import eval_sampling
+from dora.ops.eval_data import eval_sampling
 from dora.ops.multiturn.trajectory import Trajectory
 from dora.ops.tools.tool_parsers import Parsed, make_parser
 from dora.ops.tools.tool_registry import build_tools
