@@ -77,17 +77,27 @@ class WandbSink:
         self.run = wandb.init(project=run_name, name=os.path.basename(os.path.abspath(run_dir)), dir=run_dir,
                               mode="offline", config=config, settings=settings, reinit="create_new")
         self.eval_axis, self.samples = False, []
+        self.step, self.in_row, self.deferred = 0, set(), []   # W&B's open row: its step, the sets in it
 
     def write(self, record: dict[str, Any]) -> None:
-        self.run.log({k: v for k, v in scalars(record).items() if k != "step"}, step=int(record["step"]))
+        self.step = int(record["step"])
+        self.run.log({k: v for k, v in scalars(record).items() if k != "step"}, step=self.step)
+        self.in_row, deferred, self.deferred = set(), self.deferred, []
+        for r in deferred:
+            self.write_eval(r)
 
     def write_eval(self, record: dict[str, Any]) -> None:
         # W&B's own step only grows, and an evaluation may land after later steps: its curves are
-        # drawn against eval/version instead (define_metric), logged at W&B's current step
+        # drawn against eval/version (define_metric), its values ride in W&B's open row. A row holds
+        # one evaluation per set: another one waits for the next row (or close), never overwriting it.
         if not self.eval_axis:
             self.run.define_metric("eval/version")
             self.run.define_metric("eval/*", step_metric="eval/version")
             self.eval_axis = True
+        if record["set"] in self.in_row:
+            self.deferred.append(record)
+            return
+        self.in_row.add(record["set"])
         self.run.log({"eval/version": int(record["version"]), **eval_scalars(record)}, commit=False)
 
     def write_samples(self, rows: list[dict[str, Any]]) -> None:
@@ -96,6 +106,9 @@ class WandbSink:
     def close(self) -> None:
         import wandb
 
+        for r in self.deferred:   # (evaluations that found their row taken: rows of their own)
+            self.step += 1
+            self.run.log({"eval/version": int(r["version"]), **eval_scalars(r)}, step=self.step)
         if self.samples:   # what the model wrote, as one table (samples.jsonl has the same rows)
             self.run.log({"samples": wandb.Table(columns=sample_columns(), data=self.samples)}, commit=False)
         self.run.finish()

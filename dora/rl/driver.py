@@ -64,7 +64,7 @@ class RLDriver:
         self.clock = RunClock()
         self.multiturn = MultiTurnReports(self.clock, self.trace, turn_trace_path(metrics))
         self.prompts = PromptFeed(self.graph.nodes[roles.dataset].replicas, self.cfg.group_size, self.cfg.rollout_batch)
-        self.feed = TrainerFeed()
+        self.feed = TrainerFeed(resolved.run.samples_per_step)
         self.weight_paths: dict[int, str] = {}
         self.weight_loads = 0
         self.weight_sync: dict[int, tuple] = {}            # version -> (seconds, bytes) of its hand-off
@@ -90,10 +90,7 @@ class RLDriver:
         self.reused_instances: list[ReplicaInstance] = []   # the generate replicas, across trainer restarts
         self.elastic: ElasticLending | None = None   # async.elastic: set up with the rollout controller
         self.shared: SharedDevices | None = None     # replicas on the trainer's devices that sleep while it steps
-        self.feed.samples_per_step = self.run_cfg.samples_per_step
-        self.stopping = False                        # a stop signal: the run ends without waiting for evaluations
-        done_before = {(int(r["version"]), str(r["set"])) for r in getattr(metrics, "evals", [])}
-        self.evaluations = Evaluations(self, resolved.evals, done_before) if resolved.evals else None
+        self.evaluations = Evaluations.of(self, resolved.evals, metrics)   # held-out sets (dora/rl/evaluation.py)
 
     # ------------------------------------------------------------ controller hooks
     def attach(self, ctrl) -> None:
@@ -120,13 +117,9 @@ class RLDriver:
         kind = ev.get("kind")
         if node == self.roles.generate:   # multi-turn reports: tool waits, parked-KV counters
             self.multiturn.on_event(f"{node}[{replica}]", ev, self.rc)
+        self.evaluations.on_event(ev)   # (eval_finished, eval_aborted)
         if kind == "finished" and node == self.roles.generate:
             self._on_finished(node, replica, ev)
-        elif kind in ("eval_finished", "eval_aborted") and self.evaluations is not None:
-            if kind == "eval_finished":
-                self.evaluations.on_samples(ev.get("samples") or [])
-            else:
-                self.evaluations.on_aborted(ev.get("uids") or [])
         elif kind in ("weights", "train_step") and trainer_restart.stale(self, ev):
             self.progress.status(f"ignored a dead trainer's late {kind} event")
         elif kind == "weights":
@@ -149,8 +142,6 @@ class RLDriver:
             self.progress.status(f"{node}[{replica}] rejected a message: {ev.get('error')}")
         elif kind == "done" and node == self.roles.update:
             self._done = True
-            if self.evaluations is not None:
-                self.evaluations.training_done()   # the run ends once they have too (bounded: timeout_s)
         self._maybe_train()
 
     def on_eos(self, src_node: str, dst_node: str) -> None:
@@ -164,8 +155,7 @@ class RLDriver:
             return   # (a resumed run also waits for the trainer to publish the version it resumes at)
         rc = self._rc()
         rc.tick()
-        if self.evaluations is not None:
-            self.evaluations.tick()
+        self.evaluations.tick()
         self._maybe_train()
         stuck = self.feed.overdue(self.clock.now(), self.ctrl.stall_timeout_s)
         if stuck is not None:
@@ -176,17 +166,13 @@ class RLDriver:
             self.stop_reason = f"dataset exhausted after {self.steps_done} of {self.total_steps} steps"
             self.progress.status(self.stop_reason)
             self._done = True
-            if self.evaluations is not None:
-                self.evaluations.training_done()
 
-    def done(self) -> bool:
-        """Training is over and so are the held-out evaluations (each bounded by its timeout), or a
-        stop signal came (which waits for none)."""
-        return self._done and (self.stopping or self.evaluations is None or not self.evaluations.busy())
+    def done(self) -> bool:   # (a stop signal ends the run at once: on_stop)
+        return self._done and self.evaluations.training_done()   # the held-out evaluations out finish (bounded)
 
     def on_stop(self, reason: str) -> None:
         """The run is asked to stop (a signal): dispatch no more, checkpoint what the trainer has trained."""
-        self._done = self.stopping = True
+        self._done = True
         run_state.checkpoint_at_stop(self)
         self.stop_reason = f"stopped by {reason} after {self.steps_done} of {self.total_steps} steps"
 
@@ -256,8 +242,7 @@ class RLDriver:
             return   # the trainer's starting weights (replicas hold v0, or load a resumed version at start)
         if run_state.checkpoint_due(version, self.total_steps, self.run_cfg.save_every):
             self.snapshot = run_state.capture(self, version)   # before any request of this version exists
-        if self.evaluations is not None and self.rc is not None:
-            self.evaluations.published(version)   # (before the mode hears of it: sync evaluates before the batch)
+        self.evaluations.published(version)   # (before the mode hears of it: sync evaluates before the batch)
         if self.elastic is not None:
             self.elastic.publish(version)
         elif self.shared is not None:

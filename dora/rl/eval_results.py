@@ -143,6 +143,11 @@ class EvalScorer:
             self._policy = load_policy(self.d.graph.model, "cpu")   # (every weight is then loaded)
         model, tok = self._policy
         load_version(model, weights)
+        try:   # (transformers' progress bar would print into the run's output)
+            from transformers.utils import logging as hf_logging
+            hf_logging.disable_progress_bar()
+        except ImportError:
+            pass
         root = os.path.join(self.d.ctrl.run_dir, "checkpoints")
         tmp, final = os.path.join(root, f"{BEST_DIR}.partial"), os.path.join(root, BEST_DIR)
         shutil.rmtree(tmp, ignore_errors=True)

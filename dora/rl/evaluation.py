@@ -64,6 +64,12 @@ class Evaluations:
         self.failed: list[dict[str, Any]] = []
         self.counts = {"requests": 0, "samples": 0, "aborted": 0, "version_mismatch": 0}
 
+    @classmethod
+    def of(cls, driver, sets: dict[str, dict[str, Any]], metrics) -> "Evaluations":
+        """The driver's evaluations (with no set, every call does nothing); those in eval.jsonl
+        already (a resumed run's) are not done again."""
+        return cls(driver, sets, {(int(r["version"]), str(r["set"])) for r in getattr(metrics, "evals", [])})
+
     # -- schedule -----------------------------------------------------------------------------------
     def due_sets(self, version: int) -> list[str]:
         final = version == self.d.total_steps
@@ -79,7 +85,7 @@ class Evaluations:
     def published(self, version: int) -> None:
         """Version `version` is there (its weights file in driver.weight_paths): start its evaluations."""
         names = self.due_sets(version)
-        if not names:
+        if not names or self.d.rc is None:
             return
         rc, now = self.d.rc, self.d.clock.now()
         self._hold(version)
@@ -104,19 +110,27 @@ class Evaluations:
                 self.d.rc.evals.add(job.version, job.missing(), due=job.due_at is not None)
         self.published(self.d.initial_version)
 
-    def training_done(self) -> None:
-        self.training_over = True
-        now = self.d.clock.now()
-        for job in self.jobs.values():
-            job.due_at = job.due_at if job.due_at is not None else now
-        if self.d.rc is not None:
-            self.d.rc.evals.make_due()
-            self.d.rc.manager.exhausted = True   # no training work from now on: rollout drains
-
-    def busy(self) -> bool:
-        return bool(self.jobs)
+    def training_done(self) -> bool:
+        """Training is over (called until this says the evaluations are too): what is still out is
+        due, and the rollout gets no more training work; True once no evaluation is left."""
+        if not self.training_over and self.sets:
+            self.training_over = True
+            now = self.d.clock.now()
+            for job in self.jobs.values():
+                job.due_at = job.due_at if job.due_at is not None else now
+            if self.d.rc is not None:
+                self.d.rc.evals.make_due()
+                self.d.rc.manager.exhausted = True   # rollout drains
+        return not self.jobs
 
     # -- events ---------------------------------------------------------------------------------------
+    def on_event(self, ev: dict[str, Any]) -> None:
+        """A generate replica's eval_finished (samples) or eval_aborted (uids) event; others are not ours."""
+        if ev.get("kind") == "eval_finished":
+            self.on_samples(ev.get("samples") or [])
+        elif ev.get("kind") == "eval_aborted":
+            self.on_aborted(ev.get("uids") or [])
+
     def on_samples(self, samples: list[dict[str, Any]]) -> None:
         rc = self.d.rc
         bad = []
@@ -143,6 +157,8 @@ class Evaluations:
             self.d.rc.evals.aborted([str(u) for u in uids])
 
     def tick(self) -> None:
+        if not self.jobs:
+            return
         for job, result in self.scorer.results():
             self._end(job)
             if "error" in result:

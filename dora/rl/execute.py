@@ -248,7 +248,7 @@ def _summary(run: _Run, graph, run_dir: str, *, backend: str, seed: int, source:
                 summary["elastic"] = driver.elastic.summary()
             if driver.shared is not None:    # sleeps before each step, wakes at each publish, bytes handed back
                 summary["shared_devices"] = driver.shared.summary()
-            if driver.evaluations is not None:   # per set: best version per metric, the last; failures
+            if driver.evaluations.sets:   # per set: best version per metric, the last; failures
                 summary["eval"] = driver.evaluations.summary()
             summary["checkpoints"] = driver.checkpoint_log
             driver.trace.write(os.path.join(run_dir, "trace.json"))

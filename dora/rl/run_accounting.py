@@ -47,6 +47,6 @@ def account(d) -> dict[str, Any]:
     a["restored_at_restart"] = r.restored
     a["regenerated_groups_at_restart"] = r.regenerated_groups
     # held-out evaluation samples: apart from the trajectories above (never dispatched to train)
-    ev = d.evaluations.counts if d.evaluations is not None else {}
+    ev = d.evaluations.counts
     a["eval_requests"], a["eval_samples"] = ev.get("requests", 0), ev.get("samples", 0)
     return a
