@@ -128,14 +128,14 @@ def _param_line(ps) -> str:
 
 
 def cmd_ops(args: argparse.Namespace) -> int:
-    from dora.graph.model import AsyncConfig, RunConfig
+    from dora.graph.model import AsyncConfig, EvalSet, RunConfig
     from dora.graph.op_registry import builtin_ops
     from dora.graph.sections import section_specs
 
     from dora.graph.opspec import import_object
 
     ops = builtin_ops()
-    sections = {"async": section_specs(AsyncConfig), "run": section_specs(RunConfig)}
+    sections = {"async": section_specs(AsyncConfig), "run": section_specs(RunConfig), "eval": section_specs(EvalSet)}
     # generate's `tools` entries (named by string, as the OpSpecs name their checks: cli sits above ops)
     tools = {kind: import_object(path).settings for kind, path in import_object("dora.ops.tools.tool_registry:KINDS").items()}
     if args.json:
@@ -164,7 +164,7 @@ def cmd_ops(args: argparse.Namespace) -> int:
             print(f"  check    {s.check}")
         print()
     for name, specs in sections.items():
-        print(f"{name}: (pipeline section)")
+        print(f"{name}: (pipeline section{'; one mapping per held-out set: eval: {NAME: {...}}' if name == 'eval' else ''})")
         for ps in specs.values():
             print(f"  setting  {_param_line(ps)}")
         print()

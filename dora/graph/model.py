@@ -164,8 +164,9 @@ class EvalSet:
     top_p: float = setting(1.0, "nucleus sampling threshold", min=1e-6, max=1.0)
     max_tokens: int | None = setting(None, "maximum response tokens (null: the generate node's)", min=1)
     correct_at: float = setting(1.0, "a response counts as correct (pass@k, maj@k) when its reward is at least this")
-    timeout_s: float = setting(600.0, "an evaluation unfinished this long after its version was published is "
-                               "abandoned and named in summary.json (a slow one never holds the run)", min=1e-3)
+    timeout_s: float = setting(600.0, "an evaluation unfinished this long after it became due (a newer evaluation "
+                               "began, training ended; sync: at once) is abandoned and named in summary.json, so a "
+                               "slow one never holds the run", min=1e-3)
     loc: SourceLoc = dataclasses.field(default_factory=SourceLoc, compare=False)
 
 

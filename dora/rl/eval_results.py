@@ -65,11 +65,9 @@ class EvalScorer:
     def __init__(self, driver):
         self.d = driver
         self.finished: queue.Queue = queue.Queue()
-        self.best: dict[str, dict[str, dict[str, Any]]] = {}   # set -> metric -> {version, value}
-        self.last: dict[str, dict[str, Any]] = {}
-        self.evaluations: dict[str, int] = {}
         self.lock = threading.Lock()
-        self.kept_best: dict[str, Any] | None = None             # what checkpoints/best holds
+        self.kept_best: dict[str, Any] | None = None   # what checkpoints/best holds (read at first use: a resume's)
+        self._best_read = False
         self._policy = None                                       # (model, tokenizer) to write it with
 
     def start(self, job, s: dict[str, Any]) -> None:
@@ -106,17 +104,6 @@ class EvalScorer:
                   "published_s": job.published_s, "seconds": d.clock.now() - job.created}
         d.metrics.write_eval(record)
         d.metrics.write_samples([eval_sample(job, x) for x in result["samples"]])   # beside its scores
-        self.last[job.name] = record
-        self.evaluations[job.name] = self.evaluations.get(job.name, 0) + 1
-        best = self.best.setdefault(job.name, {})
-        for metric in EVAL_METRICS:
-            value = m.get(metric)
-            if value is not None and (metric not in best or _better(metric, value, best[metric]["value"])):
-                best[metric] = {"version": job.version, "value": value}
-
-    def best_summary(self) -> dict[str, Any]:
-        return {name: {"evaluations": self.evaluations.get(name, 0), "best": self.best.get(name, {}),
-                       "last": self.last.get(name)} for name in sorted(set(self.best) | set(self.last))}
 
     # -- run.keep_best ---------------------------------------------------------------------------------
     def _maybe_keep_best(self, job, metrics: dict[str, Any]) -> None:
@@ -128,7 +115,9 @@ class EvalScorer:
         if name != job.name or value is None:
             return
         with self.lock:   # (two evaluations may finish together: one writes at a time)
-            held = self.kept_best
+            if not self._best_read:
+                self.kept_best, self._best_read = read_best(self.d.ctrl.run_dir), True
+            held = self.kept_best if self.kept_best is not None and self.kept_best.get("metric") == keep else None
             if held is not None and not _better(metric, value, held["value"]):
                 return
             self._write_best(job.version, self.d.weight_paths[job.version],
@@ -163,6 +152,30 @@ class EvalScorer:
             os.replace(final, old)
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
+
+
+def best_of(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per set, from eval.jsonl's records (the run's whole lineage): how many evaluations, the last,
+    and per metric the best version and its value (the earliest on a tie)."""
+    out: dict[str, Any] = {}
+    for r in sorted(records, key=lambda r: r["version"]):
+        s = out.setdefault(r["set"], {"evaluations": 0, "best": {}, "last": None})
+        s["evaluations"] += 1
+        s["last"] = r
+        for metric in EVAL_METRICS:
+            value, best = r.get(metric), s["best"].get(metric)
+            if value is not None and (best is None or _better(metric, value, best["value"])):
+                s["best"][metric] = {"version": r["version"], "value": value}
+    return out
+
+
+def read_best(run_dir: str) -> dict[str, Any] | None:
+    """What checkpoints/best holds (its best.json), or None."""
+    try:
+        with open(os.path.join(run_dir, "checkpoints", BEST_DIR, "best.json"), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 def _better(metric: str, value: float, than: float) -> bool:

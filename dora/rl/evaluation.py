@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from dora.rl.eval_results import EvalScorer
+from dora.rl.eval_results import EvalScorer, best_of
 from dora.rl.rollout import Request
 
 
@@ -192,7 +192,7 @@ class Evaluations:
         self.done = {(v, n) for v, n in self.done if v <= step}
 
     def summary(self) -> dict[str, Any]:
-        out = {"sets": self.scorer.best_summary(), "failed": self.failed, **self.counts,
+        out = {"sets": best_of(self.d.metrics.evals), "failed": self.failed, **self.counts,
                "claims": self.d.rc.evals.claims if self.d.rc is not None else 0,
                "unfinished": sorted(j.key for j in self.jobs.values())}
         return out
