@@ -2,7 +2,7 @@
 
     python benchmarks/modes.py run --out DIR [--pipelines pipelines/quickstart.yaml,pipelines/grpo.yaml]
         [--modes sync,one_step_off,partial:1,dora:1,dora:2] [--corrections default|tis,m2po,...]
-        [--seeds 0,1,2,3] [--steps 80] [k=v ...]
+        [--seeds 0,1,2,3] [--steps 80] [--variants "-;k=v k=v"] [k=v ...]
     python benchmarks/modes.py report --out DIR [same filters] [--png curves.png] [--md table.md]
 
 `run` appends one line per finished run to DIR/runs.jsonl and skips every run already there, so a
@@ -28,8 +28,8 @@ Held-out evaluation (the pipelines' `eval:` sets, RUN_DIR/eval.jsonl), per pipel
   at equal time           the same for the newest version evaluated that was published by the time
                           the fastest run of the pipeline ended
   trainer tok/s           summary.json tokens_per_s (trained tokens over the trainer's step time):
-                          with `eval=null` among the overrides a run has no evaluation, so the same
-                          sweep with and without it shows what evaluation costs the trainer
+                          --variants "-;eval=null run.keep_best=null" runs each run with and without
+                          its evaluation, seed by seed, so the two show what evaluation costs the trainer
 """
 
 from __future__ import annotations
@@ -66,17 +66,20 @@ def run_key(pipeline: str, mode: str, correction: str, seed: int, steps: int, ov
 
 
 def plan(a) -> list[dict]:
-    """Seed-major: every mode's run of seed s comes before any run of seed s+1, so a machine whose
-    load drifts over a long sweep slows every mode alike instead of the modes that ran last."""
+    """Seed-major: every mode's (and variant's) run of seed s comes before any run of seed s+1, so a
+    machine whose load drifts over a long sweep slows every mode alike instead of the modes that ran
+    last."""
     runs = []
     for seed in a.seeds:
         for pipeline in a.pipelines:
             for mode in a.modes:
                 name, _ = parse_mode(mode)
                 for correction in (["default"] if name == "sync" else a.corrections):
-                    runs.append({"pipeline": pipeline, "mode": mode, "correction": correction, "seed": seed,
-                                 "steps": a.steps, "overrides": a.overrides,
-                                 "key": run_key(pipeline, mode, correction, seed, a.steps, a.overrides)})
+                    for variant in a.variants:
+                        ov = a.overrides + variant
+                        runs.append({"pipeline": pipeline, "mode": mode, "correction": correction, "seed": seed,
+                                     "steps": a.steps, "overrides": ov,
+                                     "key": run_key(pipeline, mode, correction, seed, a.steps, ov)})
     return runs
 
 
@@ -224,7 +227,7 @@ def paired_gap(row: dict, sync: dict) -> dict | None:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| pipeline | mode | off_policy | seeds | reward last 20 (mean ± std; per seed) | vs sync | gain | "
+    head = ("| pipeline | mode | off_policy | overrides | seeds | reward last 20 (mean ± std; per seed) | vs sync | gain | "
             "paired gap ± se (seeds) | reward at equal time (s; steps) | tok/s (x sync) | wall s | stale | ESS | dropped | C1 | re-prefill |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -234,7 +237,7 @@ def table(rows: list[dict]) -> str:
         pg = r["paired_gap"]
         paired = "" if pg is None else f"{pg['mean']:+.3f} ± {pg['se']:.3f} ({pg['n']})"
         out.append(
-            f"| {r['pipeline'].removesuffix('.yaml')} | {r['mode']} | {r['correction']} | {len(r['seeds'])} "
+            f"| {r['pipeline'].removesuffix('.yaml')} | {r['mode']} | {r['correction']} | {r['overrides'] or '-'} | {len(r['seeds'])} "
             f"| {rl['mean']:.3f} ± {rl['std']:.3f}; {' / '.join(f'{x:.2f}' for x in rl['by_seed'])} | {gap} "
             f"| {r['gain']:+.3f} | {paired} | {rt['mean']:.3f} ± {rt['std']:.3f} ({r['time_eq_s']:.0f} s; {r['steps_at_time']:.0f}) "
             f"| {tps['mean']:,.0f} ({ratio}) | {r['wall_s']['mean']:.0f} | {r['staleness_mean']:.2f} "
@@ -265,7 +268,7 @@ def held_out_rows(results: list[dict], rows: list[dict]) -> list[dict]:
             h = {"pipeline": row["pipeline"], "mode": row["mode"], "correction": row["correction"], "set": name,
                  "overrides": row["overrides"], "tokens_per_s": row["tokens_per_s"], "steps": row["steps"],
                  "time_eq_s": row["time_eq_s"]}
-            for when, t in (("steps", None), ("time", row["time_eq_s"])):
+            for when, t in (("equal_steps", None), ("equal_time", row["time_eq_s"])):
                 got = {r["seed"]: _held_out_at(r, name, t) for r in runs}
                 got = {s: e for s, e in got.items() if e is not None}
                 h[when] = {m: dict(zip(got, [e[m] for e in got.values()])) for m in HELD_OUT}
@@ -274,7 +277,7 @@ def held_out_rows(results: list[dict], rows: list[dict]) -> list[dict]:
     for h in out:
         sync = next((s for s in out if s["mode"] == "sync" and s["pipeline"] == h["pipeline"] and s["set"] == h["set"]
                      and s["overrides"] == h["overrides"] and s["steps"] == h["steps"]), None)
-        for when in ("steps", "time"):
+        for when in ("equal_steps", "equal_time"):
             for m in HELD_OUT:
                 mine, theirs = h[when][m], (sync[when][m] if sync is not None and sync is not h else {})
                 diffs = [mine[s] - theirs[s] for s in sorted(mine.keys() & theirs.keys())]
@@ -298,7 +301,7 @@ def held_out_table(hs: list[dict]) -> str:
             "mean reward, equal time | paired gap | trainer tok/s |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for h in hs:
-        st, tm = h["steps"], h["time"]
+        st, tm = h["equal_steps"], h["equal_time"]
         n = len(st["pass@1"])
         v = lambda x: "-" if x is None else f"{x:.0f}"   # noqa: E731
         out.append(f"| {h['pipeline'].removesuffix('.yaml')} | {h['mode']} | {h['set']} | {h['overrides'] or '-'} | {n} "
@@ -386,8 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--png", default=None)
     p.add_argument("--md", default=None)
     p.add_argument("--json", default=None)
+    p.add_argument("--variants", default="-", help="';'-separated sets of overrides, each run as its own variant "
+                   "of every run ('-': none), e.g. \"-;eval=null run.keep_best=null\" for with and without evaluation")
     p.add_argument("overrides", nargs="*", help="pipeline overrides k=v for every run")
     a = p.parse_intermixed_args(argv)   # overrides may follow the options
+    a.variants = [[] if v.strip() in ("", "-") else v.split() for v in a.variants.split(";")]
     split = lambda s: [x for x in s.split(",") if x]
     a.pipelines, a.modes, a.corrections = split(a.pipelines), split(a.modes), split(a.corrections)
     try:
