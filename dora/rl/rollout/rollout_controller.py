@@ -210,6 +210,7 @@ class RolloutController:
         dispatched onto it (a switch with requests running would break C1). Returns (group ids,
         revoked steps, as on_dropped); the caller dispatches those groups again as new ones."""
         self.manager.versions_changed()   # the driver marked the new process's weights
+        self.evals.aborted(list(self.evals.on[name]))   # (evaluation requests it held: placed again)
         lost = self.manager.forget(name, list(self.manager.on_instance[name]))
         self.dispatch.load(name, self.dispatch.newest)
         gids = sorted({r.group_id for r in lost})
