@@ -97,7 +97,7 @@ def run_one(r: dict, out_root: str) -> dict:
     run_dir = os.path.join(out_root, "runs", r["key"].replace("|", "_").replace(" ", "_").replace("/", "-"))
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
-    code = execute(graph, run_dir, seed=r["seed"], quiet=True)
+    code = execute(graph, run_dir, seed=r["seed"], quiet=True, hb_timeout=r.get("hb_timeout", 30.0))
     with open(os.path.join(run_dir, "summary.json")) as fh:
         summary = json.load(fh)
     per_step: dict[str, list] = {k: [] for k in PER_STEP}
@@ -145,7 +145,7 @@ def cmd_run(a) -> int:
     for i, r in enumerate(todo, 1):
         print(f"[modes] {i}/{len(todo)} {r['key']} ...", file=sys.stderr, flush=True)
         for attempt in range(1 + a.retries):   # a loaded machine can miss the workers' start-up deadline
-            res = run_one(r, a.out)
+            res = run_one({**r, "hb_timeout": a.hb_timeout}, a.out)
             if res["ok"]:
                 break
             print(f"[modes]   attempt {attempt + 1} failed: {res['error']}", file=sys.stderr, flush=True)
@@ -386,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0,1,2,3")
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--retries", type=int, default=1, help="run a failed run again at once, this many times")
+    p.add_argument("--hb-timeout", type=float, default=30.0, help="dora run --hb-timeout for every run (a crowded "
+                   "machine can starve a worker's heartbeat thread)")
     p.add_argument("--png", default=None)
     p.add_argument("--md", default=None)
     p.add_argument("--json", default=None)
