@@ -79,6 +79,7 @@ def plan(args: argparse.Namespace):
             raise BadEvalInput(f"{source}: not a valid pipeline (see above)")
         if args.data:
             graph.evals = {"data": EvalSet(source=args.data, size=args.size, reward=args.reward)}
+            graph.run.keep_best = None   # (it named one of the pipeline's own sets)
             _check_data_set(graph)
         resolved = resolve(graph)
     model = dict(resolved.graph.model) if resolved is not None else {}

@@ -89,7 +89,7 @@ class Evaluations:
             return
         rc, now = self.d.rc, self.d.clock.now()
         self._hold(version)
-        sync = rc.policy.eval_barrier if hasattr(rc.policy, "eval_barrier") else False
+        sync = getattr(rc.policy, "eval_barrier", False)   # (sync: evaluated between steps, due at once)
         for old in self.jobs.values():   # a newer evaluation starts: the older ones stop yielding
             if old.due_at is None:
                 old.due_at = now
