@@ -26,7 +26,12 @@ def small(mode, **kw):
 
 @pytest.mark.parametrize("mode", ["sync", "one_step_off", "partial", "dora"])
 def test_modes_keep_their_invariants(mode):
-    r = simulate(small(mode))
+    """With held-out evaluations placed as a run places them (dora/sim/sim_evals.py): they finish
+    beside training and the training invariants are untouched."""
+    r = simulate(small(mode, eval_every=3, eval_prompts=16))
+    assert r["eval_requests"] >= 4 * 16
+    # (partial interrupts every request at every publish: an evaluation longer than a step waits for the end)
+    assert r["eval_versions_done"] >= (0 if mode == "partial" else 3), r
     assert r["lost"] == 0 and r["c2_violations"] == 0 and r["c3_violations"] == 0
     assert r["trajectories_trained"] == 12 * 64
     k = {"sync": 0, "one_step_off": 1}.get(mode, 3)

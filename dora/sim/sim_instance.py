@@ -15,8 +15,23 @@ from .sim_engine import SimEngine, SimSeq
 
 
 class SimInstance(SimEngine):
+    eval_aborted = None   # held-out evaluation requests aborted here go to this callback (dora/sim/sim_evals.py)
+
     # -- RolloutInstance -----------------------------------------------------------------------
+    def _abort_evals(self, keep: int | None) -> None:
+        """As the generate op: evaluation requests of versions other than `keep` never stand in the way."""
+        uids = [u for u in (*self.running, *self.queue, *self.waiting)
+                if u.startswith("eval:") and (self.running.get(u) or self.queue.get(u) or self.waiting.get(u)).version != keep]
+        if uids:
+            self._advance()
+            for u in uids:
+                self._take_out(u, False)
+            self._versions_changed()
+            if self.eval_aborted is not None:
+                self.eval_aborted(uids)
+
     def load_version(self, v: int) -> None:
+        self._abort_evals(v)
         problem = self.hv.problem_loading(v)
         if problem:
             raise RuntimeError(f"{self.name}: load_version({v}): {problem}")
@@ -106,6 +121,7 @@ class SimInstance(SimEngine):
         self._reschedule()
 
     def interrupt_all(self) -> list[RequestState]:
+        self._abort_evals(None)
         self._advance()
         out = [self._take_out(u, False) for u in [*self.running, *self.queue, *self.waiting]]
         self.heap.clear()

@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--versions-per-instance", type=int, default=DEFAULT_VERSIONS, metavar="M",
                    help="policy versions one rollout instance may hold at once (async.versions_per_instance, "
                         f"default {DEFAULT_VERSIONS}); dora mode packs old versions' stragglers beside the newest")
+    p.add_argument("--eval-every", type=int, default=0, metavar="N",
+                   help="held-out evaluation of version 0 and every N-th version (0: none), placed as a run places it")
+    p.add_argument("--eval-prompts", type=int, default=0, metavar="P",
+                   help="its requests per evaluation (one sample per prompt, lengths from the workload)")
     p.add_argument("--json", default=None, metavar="FILE", help="write results as a JSON array")
     p.add_argument("--trace-out", default=None, metavar="FILE",
                    help="Chrome/Perfetto trace (one file per mode: FILE with .<mode> before the extension)")
@@ -88,13 +92,16 @@ def _configs(a: argparse.Namespace) -> list[SimConfig]:
         raise _BadArgs(f"--train-gpus {a.train_gpus}: must leave at least one rollout group of {tp} GPUs out of {a.gpus}")
     if not 0 <= a.drop_groups < 1:
         raise _BadArgs(f"--drop-groups {a.drop_groups}: must be in [0, 1)")
+    if a.eval_every < 0 or a.eval_prompts < 0 or bool(a.eval_every) != bool(a.eval_prompts):
+        raise _BadArgs("--eval-every N and --eval-prompts P go together, both >= 1")
     _check_versions(a, get_workload(a.workload, a.trace))   # WorkloadError -> exit 2
     out = []
     for m in modes:
         c = SimConfig(mode=m, model=a.model, gpus=a.gpus, steps=a.steps, seed=a.seed, train_batch=a.train_batch,
                       rollout_batch=a.rollout_batch, group_size=a.group_size, max_staleness=a.max_staleness,
                       workload=a.workload, trace_file=a.trace, train_gpus=a.train_gpus, drop_groups=a.drop_groups,
-                      elastic=a.elastic, versions_per_instance=a.versions_per_instance)
+                      elastic=a.elastic, versions_per_instance=a.versions_per_instance, eval_every=a.eval_every,
+                      eval_prompts=a.eval_prompts)
         RolloutConfig(mode=m, train_batch=c.train_batch, rollout_batch=c.rollout_batch, group_size=c.group_size,
                       max_staleness=c.max_staleness).resolved()   # RolloutConfigError -> exit 2
         out.append(c)
