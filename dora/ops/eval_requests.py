@@ -7,9 +7,11 @@ from training requests in three ways:
   finish reason, token versions and the prompt row's task columns), which the driver scores;
 - they run only on their own version's weights: one whose version is not hosted here when it
   arrives is not started, and is reported in an `eval_aborted` event (the driver places it again);
-- they never stand in the way: load_version, interrupt_all and sleep first abort the evaluation
-  requests of every version other than the one being loaded (reported in `eval_aborted`), so what
-  the orchestrator does to training requests goes on exactly as without evaluation.
+- they never stand in the way: with a weight slot to spare an older version's evaluation requests
+  go on decoding beside a newly loaded version (as its training stragglers do), but a load_version
+  that needs their slot (a multi-turn one: any load), interrupt_all and sleep first abort the
+  evaluation requests of every other version (reported in `eval_aborted`), so what the orchestrator
+  does to training requests goes on exactly as without evaluation.
 """
 
 from __future__ import annotations
@@ -63,11 +65,12 @@ class EvalRequests:
         self.op.ctx.report({"kind": "eval_finished", "samples": samples})
         return [c for c in done if c.uid not in {e.uid for e in evals}]
 
-    def abort_others(self, keep: int | None, why: str) -> None:
-        """Abort the evaluation requests of every version but `keep` (None: all of them)."""
+    def abort_others(self, keep: int | None, why: str) -> list[str]:
+        """Abort the evaluation requests of every version but `keep` (None: all of them); the uids."""
         uids = self.abort([u for u, v in self.version_of.items() if v != keep])
         if uids:
             self.op.ctx.report({"kind": "eval_aborted", "uids": uids, "reason": why})
+        return uids
 
     def abort(self, uids: list[str]) -> list[str]:
         """Drop these evaluation requests here (the driver's abort of an abandoned evaluation is not

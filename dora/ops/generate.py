@@ -36,7 +36,8 @@ version stays hosted while it waits (AgentLoop.waiting_versions -> Engine.keep_v
 load_version refuses a version that would leave no room for it (always when max_versions is 1).
 Rows with an `eval_set` column are held-out evaluation requests (dora/ops/eval_requests.py): run on
 their own version with the set's sampling, reported in `eval_finished` events instead of emitted,
-and aborted (`eval_aborted`) rather than ever holding up a load_version, interrupt_all or sleep.
+and aborted (`eval_aborted`) rather than ever holding up a load_version (the weight slots it needs),
+interrupt_all or sleep.
 max_turns > 1: multi-turn rollouts with tools (dora/ops/multiturn/agent_loop.py): a request is a
 trajectory of model turns and tool observations under one uid; the rows get the multi-turn columns
 and the `finished` event per-trajectory lists (agent_loop.event_fields).
@@ -202,7 +203,8 @@ class GenerateOp(Operator):
 
     # ------------------------------------------------------------------ control
     def load_version(self, version: int, path: str) -> dict[str, Any]:
-        self.evals.abort_others(int(version), f"version {version} loaded")   # evaluation never blocks a load
+        if self.agent is not None:   # (multi-turn: evaluation trajectories waiting on a tool must not hold a version)
+            self.evals.abort_others(int(version), f"version {version} loaded")
         waiting = self.agent.waiting_versions() if self.agent is not None else set()
         if waiting and (self.max_versions == 1 or len(waiting | {int(version)}) > self.max_versions):
             # C1 across turns: their next turn must run on their version, which must stay hosted
@@ -217,7 +219,12 @@ class GenerateOp(Operator):
                 weights, source = self.receiver.get(int(version), BROADCAST_WAIT_S), "broadcast"
             except (TimeoutError, RuntimeError) as e:   # not arrived, or the receiver failed: the file has it
                 print(f"{self.ctx.label}: loading version {version} from {path}: {e}", file=sys.stderr, flush=True)
-        self.engine.load_weights(int(version), weights)
+        try:   # evaluation requests of an older version go on decoding on its weights while a slot allows ...
+            self.engine.load_weights(int(version), weights)
+        except RuntimeError:   # ... and never hold up a load: the weight slots it needs are theirs
+            if not self.evals.abort_others(int(version), f"version {version} loaded"):
+                raise
+            self.engine.load_weights(int(version), weights)
         self.loads_by_source[source] += 1
         return {"version": int(version), "seconds": time.perf_counter() - t0, "source": source,
                 "hosted": self.engine.hosted_versions()}

@@ -18,7 +18,7 @@ class SimInstance(SimEngine):
     eval_aborted = None   # held-out evaluation requests aborted here go to this callback (dora/sim/sim_evals.py)
 
     # -- RolloutInstance -----------------------------------------------------------------------
-    def _abort_evals(self, keep: int | None) -> None:
+    def _abort_evals(self, keep: int | None) -> list[str]:
         """As the generate op: evaluation requests of versions other than `keep` never stand in the way."""
         uids = [u for u in (*self.running, *self.queue, *self.waiting)
                 if u.startswith("eval:") and (self.running.get(u) or self.queue.get(u) or self.waiting.get(u)).version != keep]
@@ -29,10 +29,12 @@ class SimInstance(SimEngine):
             self._versions_changed()
             if self.eval_aborted is not None:
                 self.eval_aborted(uids)
+        return uids
 
     def load_version(self, v: int) -> None:
-        self._abort_evals(v)
         problem = self.hv.problem_loading(v)
+        if problem and self._abort_evals(v):   # (older evaluation requests decode on while a weight slot allows)
+            problem = self.hv.problem_loading(v)
         if problem:
             raise RuntimeError(f"{self.name}: load_version({v}): {problem}")
         self._advance()
