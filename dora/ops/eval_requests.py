@@ -7,11 +7,12 @@ from training requests in three ways:
   finish reason, token versions and the prompt row's task columns), which the driver scores;
 - they run only on their own version's weights: one whose version is not hosted here when it
   arrives is not started, and is reported in an `eval_aborted` event (the driver places it again);
-- they never stand in the way: with a weight slot to spare an older version's evaluation requests
-  go on decoding beside a newly loaded version (as its training stragglers do), but a load_version
-  that needs their slot (a multi-turn one: any load), interrupt_all and sleep first abort the
-  evaluation requests of every other version (reported in `eval_aborted`), so what the orchestrator
-  does to training requests goes on exactly as without evaluation.
+- they never stand in the way: interrupt_all takes the training requests only, and with a weight
+  slot to spare an older version's evaluation requests go on decoding beside a newly loaded version
+  (as its training stragglers do); a load_version that needs their slot (a multi-turn one: any
+  load) and sleep first abort the evaluation requests of every other version (reported in
+  `eval_aborted`), so what the orchestrator does to training requests goes on exactly as without
+  evaluation.
 """
 
 from __future__ import annotations

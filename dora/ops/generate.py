@@ -36,8 +36,8 @@ version stays hosted while it waits (AgentLoop.waiting_versions -> Engine.keep_v
 load_version refuses a version that would leave no room for it (always when max_versions is 1).
 Rows with an `eval_set` column are held-out evaluation requests (dora/ops/eval_requests.py): run on
 their own version with the set's sampling, reported in `eval_finished` events instead of emitted,
-and aborted (`eval_aborted`) rather than ever holding up a load_version (the weight slots it needs),
-interrupt_all or sleep.
+and aborted (`eval_aborted`) rather than ever holding up a load_version (the weight slots it needs)
+or a sleep; interrupt_all leaves them be.
 max_turns > 1: multi-turn rollouts with tools (dora/ops/multiturn/agent_loop.py): a request is a
 trajectory of model turns and tool observations under one uid; the rows get the multi-turn columns
 and the `finished` event per-trajectory lists (agent_loop.event_fields).
@@ -257,9 +257,9 @@ class GenerateOp(Operator):
         return WithBuffers(value, frames)
 
     def interrupt_all(self):
-        self.evals.abort_others(None, "interrupt_all")
-        self.in_flight.clear()
-        states = (self.agent or self.engine).interrupt_all()
+        # the training requests; evaluation ones stay (a load that needs their weight slot aborts them)
+        held, self.in_flight = list(self.in_flight), set()
+        states = (self.agent or self.engine).export(held) if self.evals.version_of else (self.agent or self.engine).interrupt_all()
         if self.agent is not None:
             self._report_waits()
         return self._states_reply(states)

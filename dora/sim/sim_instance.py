@@ -123,10 +123,10 @@ class SimInstance(SimEngine):
         self._reschedule()
 
     def interrupt_all(self) -> list[RequestState]:
-        self._abort_evals(None)
-        self._advance()
-        out = [self._take_out(u, False) for u in [*self.running, *self.queue, *self.waiting]]
-        self.heap.clear()
+        self._advance()   # (held-out evaluation requests stay, as in the generate op)
+        out = [self._take_out(u, False) for u in [*self.running, *self.queue, *self.waiting] if not u.startswith("eval:")]
+        if not self.running:
+            self.heap.clear()   # (else entries of requests taken out are skipped as they come up)
         self._versions_changed()
         self._reschedule()
         return out
