@@ -170,8 +170,12 @@ def _reward_by_time(r: dict, t: float) -> tuple[float, int]:
 
 
 def _stats(xs: list[float]) -> dict:
-    return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0,
-            "min": min(xs), "max": max(xs), "by_seed": xs}
+    """Over the seeds that have a value (a run with no step by the equal-time point has none)."""
+    ok = [x for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]
+    if not ok:
+        return {"mean": float("nan"), "std": float("nan"), "min": float("nan"), "max": float("nan"), "by_seed": xs}
+    return {"mean": statistics.fmean(ok), "std": statistics.stdev(ok) if len(ok) > 1 else 0.0,
+            "min": min(ok), "max": max(ok), "by_seed": xs}
 
 
 def summarize(results: list[dict]) -> list[dict]:
