@@ -105,5 +105,6 @@ def test_a_run_logs_every_step_to_tensorboard_and_wandb(tmp_path, remove_shm_wei
     assert tb == {e["version"]: pytest.approx(e["mean_reward"], rel=1e-6) for e in evals}
     wb = {int(r["eval/version"]): r["eval/heldout/pass@1"] for r in rows if "eval/version" in r}
     assert wb == {e["version"]: pytest.approx(e["pass@1"]) for e in evals}
-    table = [r["samples"] for r in rows if "samples" in r]   # samples.jsonl's rows as one W&B table
-    assert len(table) == 1 and table[0]["_type"] == "table-file"
+    # samples.jsonl's rows as one W&B table (a history row names it by nested keys: samples/_type, ...)
+    table = [r for r in rows if "samples/_type" in r]
+    assert len(table) == 1 and table[0]["samples/_type"] == "table-file" and table[0]["samples/nrows"] > 0

@@ -110,7 +110,7 @@ class WandbSink:
             self.step += 1
             self.run.log({"eval/version": int(r["version"]), **eval_scalars(r)}, step=self.step)
         if self.samples:   # what the model wrote, as one table (samples.jsonl has the same rows)
-            self.run.log({"samples": wandb.Table(columns=sample_columns(), data=self.samples)}, commit=False)
+            self.run.log({"samples": wandb.Table(columns=sample_columns(), data=self.samples)})   # (commits the open row)
         self.run.finish()
         wandb.teardown()   # stops W&B's service process now, not at interpreter exit
 

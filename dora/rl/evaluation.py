@@ -217,6 +217,8 @@ class Evaluations:
         if path is None or version in self.held:
             return
         held = f"{path}.eval"
+        if not os.path.isfile(path):
+            return   # (nothing to hold: a load of it later fails by itself, naming the file)
         try:
             if os.path.exists(held):
                 os.remove(held)
