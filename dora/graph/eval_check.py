@@ -15,6 +15,7 @@ import paths (the ops' own checks), as op params are.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -27,7 +28,8 @@ from dora.graph.sections import section_specs
 EVAL_METRICS = ("mean_reward", "pass@1", "pass@k", "maj@k", "mean_response_tokens", "truncated_share")
 LOWER_IS_BETTER = ("mean_response_tokens", "truncated_share")
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
-FILE_CHECK = "dora.ops.dataset:check_params"   # a file source's first rows, parsed as a run reads them
+SCAN = "dora.ops.prompt_rows:scan_file"        # a file source's first rows, parsed as a run reads them
+FIRST_ROWS = "dora.ops.data_files:FIRST_ROWS"
 
 
 def _nodes(specs: dict[str, OpSpec | None], op: str) -> list[str]:
@@ -61,19 +63,27 @@ def _set_problems(g: Graph, name: str, e: EvalSet, specs, params) -> list[Diagno
     if e.source is None:
         return [error(f"held-out set {name!r} has no source", at(), hint="source: synthetic:NAME, reasoning_gym:NAME or a "
                       ".jsonl / .parquet file")]
-    if e.source.endswith((".jsonl", ".json", ".parquet")):
-        diags += [error(f"held-out set {name!r}: {msg}", at("source")) for _, msg in
-                  import_object(FILE_CHECK)({"source": e.source, "on_error": "fail"})]
+    if e.source.endswith((".jsonl", ".json", ".parquet")) and os.path.isfile(e.source):
+        _, bad = import_object(SCAN)(e.source, None, None, None, rows=import_object(FIRST_ROWS))
+        diags += [error(f"held-out set {name!r}: {file}:{line}: {msg}", at("source")) for file, line, msg in bad[:3]]
     if e.k is not None and e.k > e.samples:
         diags.append(error(f"held-out set {name!r}: pass@k with k {e.k} needs at least k samples per prompt, but "
                            f"samples is {e.samples}", at("k"), hint=f"raise samples to {e.k} or lower k"))
     gens = _nodes(specs, "generate")
-    if len(gens) != 1:
+    if len(gens) != 1:   # (several policies: each has its own generate node; evaluation per policy is not built)
         diags.append(error(f"held-out set {name!r}: evaluation runs on the generate node's replicas, and this pipeline "
-                           f"has {len(gens)} generate nodes", at()))
+                           f"has {len(gens)} generate nodes ({', '.join(gens)}): held-out sets are evaluated in "
+                           "pipelines with one policy only", at(),
+                           hint="evaluate a policy's saved checkpoint instead: dora eval CHECKPOINT_DIR --data SOURCE "
+                                "--reward FN"))
     if e.reward is None and len(_nodes(specs, "reward")) != 1:
         diags.append(error(f"held-out set {name!r} names no reward and the pipeline has "
                            f"{len(_nodes(specs, 'reward'))} reward nodes to take it from", at(),
+                           hint="reward: synthetic | math_verify | reasoning_gym | format | pkg.module:function"))
+    weighted = [n for n in _nodes(specs, "reward") if n in params and params[n].get("sources")]
+    if e.reward is None and weighted:
+        diags.append(error(f"held-out set {name!r} names no reward, and reward node {weighted[0]!r} scores by weighted "
+                           "sources: a held-out set scores with one reward function", at(),
                            hint="reward: synthetic | math_verify | reasoning_gym | format | pkg.module:function"))
     diags += _training_overlap(g, name, e, specs, params)
     return diags

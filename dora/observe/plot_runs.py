@@ -4,7 +4,7 @@ a panel per held-out set found in the runs' eval.jsonl (mean reward solid, pass@
 the version evaluated).
 
 Reads each folder's metrics.jsonl (from `dora run` or `dora simulate --out`); a line is labelled
-with the run's mode and folder name. Needs matplotlib (`pip install 'dora-rl[plot]'`).
+with the run's mode and folder name (and a run of several policies gets a line per policy). Needs matplotlib (`pip install 'dora-rl[plot]'`).
 Exit codes: 0 written, 1 matplotlib missing or the file cannot be written, 2 bad arguments
 (a folder that is not a run, or no run with a step to plot).
 """
@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 from dora.observe.dashboard.read_run import NotARun, check_run_dir, read_jsonl
+from dora.observe.metrics import policy_names, policy_records
 
 #: (title, [(metrics.jsonl key, line style)]) per panel
 PANELS = [
@@ -128,8 +129,11 @@ def plot_main(argv: list[str] | None = None) -> int:
         if not records:
             print(f"dora plot: {d}: no training steps in metrics.jsonl; left out", file=sys.stderr)
             continue
-        runs.append((run_label(d), records))
-        evals.append(read_jsonl(os.path.join(d, "eval.jsonl")) if os.path.exists(os.path.join(d, "eval.jsonl")) else [])
+        names = policy_names(records)   # a run of several policies: a line per policy
+        added = [(f"{run_label(d)} \u00b7 {u}", policy_records(records, u)) for u in names] or [(run_label(d), records)]
+        runs += added
+        held = read_jsonl(os.path.join(d, "eval.jsonl")) if os.path.exists(os.path.join(d, "eval.jsonl")) else []
+        evals += [held] + [[] for _ in added[1:]]   # (one list per line drawn; held-out sets: one policy only)
     if not runs:
         print("dora plot: none of the runs has a training step to plot", file=sys.stderr)
         return 2

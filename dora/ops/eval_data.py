@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from dora.ops.dataset import load_records, render
-from dora.ops.data_files import DatasetError, file_records
+from dora.ops.data_files import DatasetError, raw_rows
 from dora.ops.holdout import held_out
+from dora.ops.prompt_rows import collect, parse_file_row, parsed
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 # split: holdout on a generated source draws rows until `size` of them are held-out prompts; a source
@@ -27,7 +28,9 @@ def raw_records(s: dict[str, Any]) -> list[dict]:
     size, share = int(s["size"]), float(s["holdout"])
     keep = (lambda r: held_out(r, share)) if s["split"] == "holdout" else (lambda r: True)
     if s["source"].endswith(FILE_SUFFIXES):
-        rows = [r for r in file_records(s["source"], 0 if s["split"] == "holdout" else size).records if keep(r)]
+        read = collect(parsed(raw_rows(s["source"]), parse_file_row(s["source"])), "fail",
+                       0 if s["split"] == "holdout" else size, s["source"])
+        rows = [r for r in read.records if keep(r)]
         return rows[:size] if size else rows
     if size < 1:
         raise DatasetError(f"held-out set {s['name']!r}: size must be >= 1 for a generated source ({s['source']})")

@@ -8,7 +8,8 @@ What it draws, and the hooks a test reads:
   #replicas    a table row per replica: state, version, running, queued, KV use, tokens/s
   #timeline    a row per generate replica, `rect.seg[data-version]` coloured by version,
                `path.load` per weight load, `path.mig` per migration (out: up, in: down)
-  #curves      reward, tokens/s, staleness (max, mean), step time, rollout-only share, versions live
+  #curves      reward, tokens/s, staleness (max, mean), step time, rollout-only share, versions live,
+               multi-turn, prompt tokens (prefilled, prefix hits), KV blocks (used, free); a line per policy
   #evals       a chart per held-out set (mean reward and pass@1 against the version evaluated)
   #samples     the latest samples: what the model wrote and what it was scored (training and eval)
   body[data-updates]  how many snapshots were drawn (the page polls every POLL_MS)
@@ -173,7 +174,7 @@ function drawTimeline(s) {
   const svg = svgEl('svg', {width: W, height: H, viewBox: '0 0 ' + W + ' ' + H, 'font-size': 10.5});
   tl.rows.forEach((row, i) => {
     const y = top + i * RH;
-    svg.appendChild(svgEl('text', {x: L - 8, y: y + 15, 'text-anchor': 'end', fill: '#333'}, row.name));
+    svg.appendChild(svgEl('text', {x: L - 8, y: y + 15, 'text-anchor': 'end', fill: '#333'}, row.policy ? row.policy + ': ' + row.name : row.name));
     svg.appendChild(svgEl('rect', {x: L, y: y + 3, width: W - L - R, height: RH - 6, fill: '#f4f4f1'}));
     for (const [a, b, v] of row.segments) {
       const x = X(a), w = Math.max(1, X(b) - x);
@@ -218,8 +219,10 @@ const CURVES = [
   ['rollout-only share', [['rollout_only_share', 'trainer waiting']]],
   ['versions live', [['versions_live', 'versions']]],
   ['multi-turn', [['turns_mean', 'turns mean'], ['tool_wait_s', 'tool wait s']]],
+  ['prompt tokens', [['prefill_tokens', 'prefilled'], ['prefix_hit_tokens', 'prefix hits']]],
+  ['KV blocks', [['kv_blocks_used', 'used'], ['kv_blocks_free', 'free']]],
 ];
-const LINE_COLOURS = ['#3f6fa8', '#c8741f'];
+const LINE_COLOURS = ['#3f6fa8', '#c8741f', '#3c8d4f', '#9b4d9b', '#b03a3a', '#5f6b7a'];
 
 function drawCurves(s) {
   const box = $('curves');
@@ -232,15 +235,23 @@ function drawCurves(s) {
     });
   }
   const steps = s.steps;
-  CURVES.forEach(([title, series], i) => {
-    const pts = series.map(([k]) => steps.filter(p => p[k] !== null && p[k] !== undefined && isFinite(p[k])).map(p => [p.step, p[k]]));
+  // a run of several policies: one line per policy and series (each policy's own steps)
+  const policies = [...new Set(steps.map(p => p.policy).filter(p => p))];
+  CURVES.forEach(([title, plain], i) => {
+    const series = policies.length ? policies.flatMap(u => plain.map(([k, label]) => [k, u + ' ' + label, u])) : plain;
+    const pts = series.map(([k, , u]) => steps.filter(p => (!u || p.policy === u) && p[k] !== null && p[k] !== undefined && isFinite(p[k])).map(p => [p.step, p[k]]));
+    const colours = series.map((x, j) => LINE_COLOURS[(policies.length ? policies.indexOf(x[2]) : j) %% LINE_COLOURS.length]);
+    const dashed = series.map((x, j) => policies.length ? j %% plain.length : j);
     const holder = $('chart-' + i);
     holder.innerHTML = '';
-    holder.appendChild(lineChart(title, series.map(x => x[1]), pts, 'step', series[0][0]));
+    holder.appendChild(lineChart(title, series.map(x => x[1]), pts, 'step', series[0][0], colours, dashed));
   });
 }
 
-function lineChart(title, labels, pts, xname, key) {
+// one chart: a line per label (colours and dashes: a colour per series unless given, every line but the first dashed)
+function lineChart(title, labels, pts, xname, key, colours, dashed) {
+    colours = colours || labels.map((_, j) => LINE_COLOURS[j %% LINE_COLOURS.length]);
+    dashed = dashed || labels.map((_, j) => j);
     const W = 300, H = 150, L = 44, R = 8, T = 18, B = 20;
     const svg = svgEl('svg', {width: '100%%', height: H, viewBox: '0 0 ' + W + ' ' + H, 'font-size': 10, 'data-curve': key});
     svg.appendChild(svgEl('text', {x: L, y: 12, 'font-weight': 600, fill: '#333'}, title));
@@ -261,9 +272,9 @@ function lineChart(title, labels, pts, xname, key) {
       pts.forEach((p, j) => {
         if (!p.length) return;
         svg.appendChild(svgEl('polyline', {'class': 'curve', points: p.map(q => X(q[0]).toFixed(1) + ',' + Y(q[1]).toFixed(1)).join(' '),
-          fill: 'none', stroke: LINE_COLOURS[j], 'stroke-width': 1.6, 'stroke-dasharray': j ? '4 3' : ''}));
+          fill: 'none', stroke: colours[j], 'stroke-width': 1.6, 'stroke-dasharray': dashed[j] ? '4 3' : ''}));
         const last = p[p.length - 1];
-        svg.appendChild(svgEl('text', {x: W - R, y: T + 12 * j, 'text-anchor': 'end', fill: LINE_COLOURS[j]}, labels[j] + ' ' + num(last[1])));
+        svg.appendChild(svgEl('text', {x: W - R, y: T + 12 * j, 'text-anchor': 'end', fill: colours[j]}, labels[j] + ' ' + num(last[1])));
       });
     }
     return svg;
