@@ -167,6 +167,23 @@ def test_bad_eval_settings_are_named_at_file_line(tmp_path):
     assert len(errs) == 1 and "unknown key 'colour'" in errs[0], errs
     errs = _errors("eval.heldout.split=holdout")
     assert len(errs) == 1 and "holds out" in errs[0] and "holdout: 0.1" in errs[0], errs
+    bad_rows = tmp_path / "bad.jsonl"   # a file source's rows are parsed as a run reads them, the bad one named
+    bad_rows.write_text('{"prompt": "1*a", "answer": "a"}\n{"answer": "b"}\n')
+    errs = _errors(f"eval.heldout.source={bad_rows}")
+    assert len(errs) == 1 and f"{bad_rows}:2: column 'prompt'" in errs[0], errs
+
+
+def test_held_out_sets_are_refused_where_they_cannot_be_evaluated():
+    """Several policies (a generate node each): refused at the set (dora validate exits 2 on it);
+    evaluation per policy is not built. Weighted reward sources: a set names its one reward function."""
+    over = 'eval={solve: {source: "synthetic:quickstart"}}'
+    _, diags = check_file(str(PIPELINES / "challenger_solver.yaml"), [over])
+    errs = [d.format() for d in errors_of(diags)]
+    assert len(errs) == 1 and "2 generate nodes" in errs[0] and "one policy only" in errs[0], errs
+    weighted = "nodes.reward.params.sources=[{name: right, fn: synthetic}, {name: fmt, fn: format, weight: 0.1}]"
+    errs = [e for e in _errors(weighted) if "error" in e]
+    assert len(errs) == 1 and "scores by weighted sources" in errs[0], errs
+    assert not [e for e in _errors(weighted, "eval.heldout.reward=synthetic") if "error" in e]
 
 
 def test_a_set_that_is_the_training_source_is_warned_about(tmp_path):
