@@ -112,8 +112,8 @@ class RLDriver:
     def on_batch(self, src_node: str, batch: pa.RecordBatch) -> None:
         if src_node == self.roles.dataset:
             self.prompts.add(batch)
-            if self.rc is not None and not self.prompts.dataset_done and not self._done:
-                # A short buffer earlier was prompts still in transit, not the end of the dataset.
+            if self.rc is not None and not self.prompts.dataset_done and not (self._done and self.evaluations.sets):
+                # (a short buffer was prompts in transit; after the last step: none while evaluations finish)
                 self.rc.manager.exhausted = False
                 self.rc.tick()
         else:
