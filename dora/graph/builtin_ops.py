@@ -90,6 +90,7 @@ GENERATE = OpSpec(
     ),
     impl="dora.ops.generate:GenerateOp",
     check="dora.ops.generate:check_params",
+    host_check="dora.ops.tools.sandbox_check:generate_host_problems",
     is_generate=True,
     devices_check="dora.ops.generate:devices_problem",
     when=(When("max_turns", (1,), adds=MULTITURN_COLUMNS, negate=True),),
@@ -101,13 +102,14 @@ REWARD = OpSpec(
     inputs=(PortSpec("trajectories", ("response_text", "answer")),),
     adds=("reward",),
     params=_params(
-        P("fn", "str", "synthetic", "synthetic, math_verify, reasoning_gym, format, or pkg.module:function",
+        P("fn", "str", "synthetic", "synthetic, math_verify, reasoning_gym, format, code_exec, or pkg.module:function",
           names_from="dora.ops.reward:fn_problem"),
         P("on_error", "str", "fail", "what a failing reward function does", choices=("fail", "zero")),
         P("params", "dict", {}, "extra arguments for the reward function"),
     ),
     impl="dora.ops.reward:RewardOp",
     when=(When("fn", ("reasoning_gym",), needs=("task",)),),
+    host_check="dora.ops.tools.sandbox_check:reward_host_problems",
 )
 
 REFERENCE = OpSpec(

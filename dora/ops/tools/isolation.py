@@ -148,3 +148,64 @@ def command(view: View, child_argv: list[str], disk_bytes: int, arg_fd: int, sec
     inner = [bwrap, "--args", str(arg_fd), "--"] + child_argv
     argv = [bwrap] + outer_args(stage, setpriv) + inner if root else inner
     return argv, b"".join(o.encode() + b"\0" for o in options)
+
+
+def package_problems(entries) -> list[tuple[int, str]]:
+    """What is wrong with a tool's `packages` list, entry by entry (index, message)."""
+    if not isinstance(entries, list):
+        return [(0, f"packages must be a list of package names or paths, got {entries!r}")]
+    problems, seen = [], {}
+    for i, entry in enumerate(entries):
+        try:
+            paths = _package_entry(entry)
+        except ValueError as e:
+            problems.append((i, str(e)))
+            continue
+        for p in paths:
+            name = os.path.basename(p.rstrip("/"))
+            if name in seen:
+                problems.append((i, f"package {entry!r} and {seen[name]!r} both bind {name!r} into the sandbox"))
+            seen[name] = entry
+    return problems
+
+
+def package_paths(entries: list[str]) -> list[str]:
+    """The host paths to bind for a checked `packages` list (a name's folder, plus its wheel's
+    bundled-libraries folder `<name>.libs` when there is one)."""
+    return [p for e in entries for p in _package_entry(e)]
+
+
+def _package_entry(entry) -> list[str]:
+    if not isinstance(entry, str) or not entry:
+        raise ValueError(f"a package is an installed top-level name or a path, got {entry!r}")
+    if os.sep not in entry:
+        return _installed(entry)
+    path = os.path.realpath(entry)
+    if not os.path.exists(path):
+        raise ValueError(f"package path {entry!r} does not exist")
+    is_package = os.path.isfile(os.path.join(path, "__init__.py"))
+    is_module = os.path.isfile(path) and (path.endswith(".py") or ".so" in os.path.basename(path))
+    if not (is_package or is_module):
+        raise ValueError(f"package path {entry!r} is neither a package folder (with __init__.py) nor a module file "
+                         "(.py, .so)")
+    return [path]
+
+
+def _installed(name: str) -> list[str]:
+    import importlib.util
+
+    if not name.isidentifier():
+        raise ValueError(f"package name {name!r} is not a top-level module name (a path needs a '/')")
+    spec = importlib.util.find_spec(name)
+    if spec is None:
+        raise ValueError(f"package {name!r} is not installed for {sys.executable}")
+    locations = list(spec.submodule_search_locations or [])
+    if not locations and spec.origin in (None, "built-in", "frozen"):
+        raise ValueError(f"{name!r} is part of the interpreter: the sandbox has it without listing it")
+    if len(locations) > 1:
+        raise ValueError(f"package {name!r} is a namespace package spread over {locations}: list its folders as paths")
+    path = os.path.realpath(locations[0] if locations else spec.origin)
+    if path.startswith(os.path.realpath(sys.base_prefix) + "/lib/python") and "-packages" not in path:
+        raise ValueError(f"{name!r} is part of the standard library: the sandbox has it without listing it")
+    libs = os.path.join(os.path.dirname(path), f"{name}.libs")
+    return [path] + ([libs] if os.path.isdir(libs) else [])

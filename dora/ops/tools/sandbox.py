@@ -76,6 +76,7 @@ class Started:
     by a WarmPool)."""
     proc: subprocess.Popen
     host: str                 # host folder of its stdout / stderr files (0700, never inside the sandbox)
+    mode: str
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -111,7 +112,7 @@ def start(limits: Limits) -> Started:
         raise
     finally:
         _close(fds)
-    return Started(proc, host)
+    return Started(proc, host, limits.mode)
 
 
 def finish(started: Started, payload: dict, wall_s: float) -> SandboxResult:
@@ -126,8 +127,16 @@ def finish(started: Started, payload: dict, wall_s: float) -> SandboxResult:
     if stderr.startswith(MARKER):
         first, _, stderr = stderr.partition("\n")
         isolation_said = first[len(MARKER):]
-    return SandboxResult(stdout, stderr, None if timed_out else started.proc.returncode, timed_out,
-                         time.perf_counter() - t0, isolation_said)
+    status = None if timed_out else _status(started.proc.returncode, started.mode)
+    return SandboxResult(stdout, stderr, status, timed_out, time.perf_counter() - t0, isolation_said)
+
+
+def _status(returncode: int, mode: str) -> int:
+    """The child's exit status as Popen reports a process's own (-N: killed by signal N): bubblewrap
+    passes on a child killed by signal N as exit status 128 + N."""
+    if mode == "bwrap" and 128 < returncode < 128 + 65:
+        return -(returncode - 128)
+    return returncode
 
 
 def _communicate(proc: subprocess.Popen, data: bytes, wall_s: float) -> bool:

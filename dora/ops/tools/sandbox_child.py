@@ -125,6 +125,10 @@ def main() -> None:
     sys.stderr.write(f"\x00dora-sandbox: {isolation}\n")
     sys.stderr.flush()
     payload = json.loads(sys.stdin.read())   # confined first: a warm sandbox waits here for its call
+    if payload.get("cpu_s"):   # this call's CPU limit, when it differs from the pool's (lower only)
+        soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        cpu = min(int(payload["cpu_s"]), soft)
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, min(cpu + 1, hard)))
     status = run_cell(payload["code"]) if payload["kind"] == "cell" else sandbox_harness.run_tests(payload)
     sys.stdout.flush()
     sys.exit(status)

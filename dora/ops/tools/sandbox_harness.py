@@ -69,8 +69,9 @@ def _redirect(stdin_text: str) -> None:
         new = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.write(new, data)
         os.lseek(new, 0, os.SEEK_SET)
-        os.dup2(new, fd)
-        os.close(new)
+        if new != fd:   # the program may have closed fd 0 or 1, which os.open then reuses
+            os.dup2(new, fd)
+            os.close(new)
     sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)
     sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
 
