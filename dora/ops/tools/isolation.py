@@ -115,6 +115,8 @@ def inner_args(view: View, disk_bytes: int, seccomp_fd: int | None, stage: dict[
     a += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
           "--size", str(disk_bytes), "--perms", "0700", "--tmpfs", SCRATCH, "--remount-ro", "/", "--chdir", SCRATCH,
           "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8", "--setenv", "HOME", SCRATCH]
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):   # one BLAS thread: within max_threads
+        a += ["--setenv", var, "1"]
     if seccomp_fd is not None:
         a += ["--seccomp", str(seccomp_fd)]
     return a

@@ -68,7 +68,8 @@ class PythonTool(Tool):
 
 
 def failure(r: SandboxResult, limits: Limits) -> tuple[str, str]:
-    """(kind, one line): why the run failed. Kinds: timeout, cpu, output, memory, refused, error."""
+    """(kind, one line): why the run failed. Kinds: timeout, cpu, output, memory, disk, threads, refused,
+    error (the code's own)."""
     if r.timed_out:
         return "timeout", f"timed out after {limits.wall_s:g} s (killed)"
     if r.returncode is not None and r.returncode < 0:
@@ -84,12 +85,16 @@ def failure(r: SandboxResult, limits: Limits) -> tuple[str, str]:
 
 
 def _error_kind(line: str) -> str:
-    """What an exception line says happened: a limit (memory, disk), a refusal by the sandbox
+    """What an exception line says happened: a limit (memory, disk, file size), a refusal by the sandbox
     (EPERM from seccomp, a read-only or absent file system), or the code's own error."""
     if line.startswith("MemoryError"):
         return "memory"
-    if "No space left on device" in line or "File too large" in line:
+    if "can't start new thread" in line:   # RLIMIT_NPROC (max_threads)
+        return "threads"
+    if "No space left on device" in line:
         return "disk"
+    if "File too large" in line:   # RLIMIT_FSIZE: CPython ignores SIGXFSZ, so the write fails instead
+        return "output"
     if "Operation not permitted" in line or "Read-only file system" in line or line.startswith("PermissionError"):
         return "refused"
     return "error"

@@ -28,7 +28,7 @@ class Tool(abc.ABC):
 
     def __init__(self, name: str, **settings: Any):
         self.name = name
-        self.cfg = dict(settings)
+        self.cfg = {**{k: spec.default for k, spec in self.settings.items()}, **settings}
 
     @abc.abstractmethod
     def run(self, arguments: dict[str, Any]) -> ToolResult: ...
