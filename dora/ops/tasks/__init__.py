@@ -16,6 +16,7 @@ TASKS = {
     "quickstart": "dora.ops.tasks.quickstart:TASK",
     "arithmetic": "dora.ops.tasks.arithmetic:TASK",
     "tool_arithmetic": "dora.ops.tasks.tool_arithmetic:TASK",
+    "code_functions": "dora.ops.tasks.code_functions:TASK",
 }
 
 
