@@ -7,13 +7,15 @@ function and its block), then the task, e.g. "Write a Python function `add_7(x)`
 "output": ...}, ...]}, `calls` cases from the template's reference implementation on random inputs.
 The reward (fn code_exec, or fn synthetic through `score`) is the pass rate in the sandbox.
 
-Templates vary the function's name and constants, so a model must read the task; they are simple
-enough that SmolLM2-135M-Instruct solves some at the start (docs/benchmarks.md).
+Templates vary the function's name and constants, so a model must read the task. A few are
+trivial, most take a loop or a library call: SmolLM2-135M-Instruct solves some at the start and
+fails others, so groups of its samples differ (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 from typing import Any, Callable
 
@@ -23,24 +25,47 @@ _INT = lambda r: [r.randint(-50, 50)]                                           
 _TWO = lambda r: [r.randint(-50, 50), r.randint(-50, 50)]                       # noqa: E731
 _LIST = lambda r: [[r.randint(-9, 9) for _ in range(r.randint(1, 6))]]          # noqa: E731
 _WORD = lambda r: ["".join(r.choice("abcdeiou") for _ in range(r.randint(1, 8)))]   # noqa: E731
+_NAT = lambda r: [r.randint(0, 9999)]                                            # noqa: E731
+_SMALL = lambda r: [r.randint(0, 12)]                                            # noqa: E731
 TEMPLATES: list[Template] = [
-    ("add_{k}", "x", "x plus {k}", lambda k: lambda x: x + k, _INT),
     ("times_{k}", "x", "x multiplied by {k}", lambda k: lambda x: x * k, _INT),
-    ("minus_{k}", "x", "x minus {k}", lambda k: lambda x: x - k, _INT),
-    ("square", "x", "the square of x", lambda k: lambda x: x * x, _INT),
     ("larger", "a, b", "the larger of a and b", lambda k: lambda a, b: max(a, b), _TWO),
-    ("smaller", "a, b", "the smaller of a and b", lambda k: lambda a, b: min(a, b), _TWO),
-    ("total", "xs", "the sum of the numbers in the list xs", lambda k: lambda xs: sum(xs), _LIST),
-    ("last", "xs", "the last element of the list xs", lambda k: lambda xs: xs[-1], _LIST),
-    ("first", "xs", "the first element of the list xs", lambda k: lambda xs: xs[0], _LIST),
-    ("count", "xs", "the number of elements in the list xs", lambda k: lambda xs: len(xs), _LIST),
-    ("is_even", "x", "True if x is even, else False", lambda k: lambda x: x % 2 == 0, _INT),
-    ("absolute", "x", "the absolute value of x", lambda k: lambda x: abs(x), _INT),
     ("reverse", "s", "the string s reversed", lambda k: lambda s: s[::-1], _WORD),
-    ("upper", "s", "the string s in upper case", lambda k: lambda s: s.upper(), _WORD),
-    ("length", "s", "the number of characters in the string s", lambda k: lambda s: len(s), _WORD),
-    ("repeat_{k}", "s", "the string s repeated {k} times", lambda k: lambda s: s * k, _WORD),
+    ("is_even", "x", "True if x is even, else False", lambda k: lambda x: x % 2 == 0, _INT),
+    ("count_{k}", "xs", "the number of times {k} appears in the list xs", lambda k: lambda xs: xs.count(k),
+     lambda r: [[r.choice([r.randint(2, 9), r.randint(-9, 9)]) for _ in range(r.randint(1, 8))]]),
+    ("evens", "xs", "the number of even numbers in the list xs", lambda k: lambda xs: sum(x % 2 == 0 for x in xs), _LIST),
+    ("sum_squares", "xs", "the sum of the squares of the numbers in the list xs",
+     lambda k: lambda xs: sum(x * x for x in xs), _LIST),
+    ("product", "xs", "the product of the numbers in the list xs", lambda k: lambda xs: math.prod(xs), _LIST),
+    ("digit_sum", "n", "the sum of the decimal digits of the non-negative integer n",
+     lambda k: lambda n: sum(map(int, str(n))), _NAT),
+    ("no_vowels", "s", "the string s with every vowel (a, e, i, o, u) removed",
+     lambda k: lambda s: "".join(c for c in s if c not in "aeiou"), _WORD),
+    ("is_palindrome", "s", "True if the string s reads the same backwards, else False",
+     lambda k: lambda s: s == s[::-1], lambda r: [r.choice(["abba", "abc", "a", "racecar", "ab", "aba", "abca"])]),
+    ("descending", "xs", "the list xs sorted from largest to smallest", lambda k: lambda xs: sorted(xs, reverse=True), _LIST),
+    ("above_{k}", "xs", "a list of the numbers in xs that are greater than {k}, in order",
+     lambda k: lambda xs: [x for x in xs if x > k], lambda r: [[r.randint(0, 12) for _ in range(r.randint(1, 7))]]),
+    ("factorial", "n", "the factorial of n", lambda k: lambda n: math.factorial(n), _SMALL),
+    ("fib", "n", "the n-th Fibonacci number, where fib(0) is 0 and fib(1) is 1",
+     lambda k: lambda n: _fib(n), _SMALL),
+    ("clamp_{k}", "x", "x limited to the range from -{k} to {k}", lambda k: lambda x: max(-k, min(k, x)),
+     lambda r: [r.randint(-15, 15)]),
+    ("max_index", "xs", "the index of the largest number in the list xs (the first one if several are equal)",
+     lambda k: lambda xs: xs.index(max(xs)), _LIST),
+    ("words", "s", "the number of words in the string s (words are separated by single spaces)",
+     lambda k: lambda s: len(s.split(" ")), lambda r: [" ".join(_WORD(r)[0] for _ in range(r.randint(1, 5)))]),
 ]
+
+
+def _fib(n: int) -> int:
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+
+
 EXAMPLE = ("add", "a, b", "the sum of a and b", "def add(a, b):\n    return a + b")
 SYSTEM = "You write Python functions. Reply with only the function, in one ```python code block."
 

@@ -1,7 +1,7 @@
 """The operating-system half of the python sandbox: the bubblewrap (`bwrap`, Debian package
 `bubblewrap`) command line that starts the sandboxed interpreter.
 
-What the child gets (docs/architecture.md, "The tool sandbox: threat model"):
+What the child gets (docs/architecture.md, "The tool sandbox"):
 - new user, mount, PID, network, IPC, UTS and cgroup namespaces; uid/gid 65534 inside, no
   capabilities, no_new_privs, no further user namespaces (--disable-userns), its own session;
 - a root of its own: a read-only tmpfs holding read-only binds of the shared-library folders
