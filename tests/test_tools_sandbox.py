@@ -250,3 +250,24 @@ def isolation_reachable(path: str) -> bool:
     """Whether uid 65534 can read `path` (every folder on the way lets others through)."""
     parts = os.path.realpath(path).split(os.sep)
     return all(os.stat(os.sep.join(parts[:i]) or os.sep).st_mode & 0o005 == 0o005 for i in range(1, len(parts) + 1))
+
+
+def test_a_warm_sandbox_that_died_idle_is_never_handed_out():
+    from dora.ops.tools.sandbox_pool import WarmPool
+
+    pool = WarmPool(Limits(wall_s=20), size=1)
+    try:
+        deadline = time.monotonic() + 20
+        while not pool.idle and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.killpg(pool.idle[0].proc.pid, signal.SIGKILL)
+        pool.idle[0].proc.wait(timeout=10)
+        r = run_python("print('fresh')", Limits(wall_s=20), pool)
+        assert r.ok and r.stdout == "fresh\n" and (pool.warm_starts, pool.cold_starts) == (0, 1)
+        deadline = time.monotonic() + 20
+        while not pool.idle and time.monotonic() < deadline:   # refilled by its starter thread
+            time.sleep(0.02)
+        assert run_python("print('warm')", Limits(wall_s=20), pool).stdout == "warm\n" and pool.warm_starts == 1
+    finally:
+        pool.close()
+    assert not pool.idle
