@@ -74,6 +74,8 @@ PROCESS_CONTROL_ATTEMPTS = {
                            "return (len(pids) > 3 or HOST['sleeper'] in pids) and pids or None"),
     "host paths in /proc cmdlines": ("lines = [readable(f'/proc/{p}/cmdline') for p in os.listdir('/proc') if p.isdigit()]\n"
                                      "return [h for h in (HOST['run_dir'], HOST['project']) if h in str(lines)] or None"),
+    "host paths in the mount table": ("text = open('/proc/self/mountinfo').read()\n"
+                                      "return [h for h in (HOST['run_dir'], HOST['project']) if h in text] or None"),
     "see /sys": "return os.listdir('/sys')",
     "setuid 0": "os.setuid(0)\nreturn os.getuid() == 0 or None",
     "chroot": "os.chroot('/tmp')\nreturn 'chrooted'",

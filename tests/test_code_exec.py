@@ -90,11 +90,18 @@ def test_time_limits_floods_and_programs_that_do_not_solve(scorer):
 
 
 def test_the_code_task_rows_score_their_reference():
-    rows = get_task("code_functions").make(16, seed=3)
+    rows = get_task("code_functions").make(64, seed=3)
     tests = [json.loads(r["answer"]) for r in rows]
     assert {len(t["calls"]) for t in tests} == {4} and all(r["prompt"][-1]["content"].startswith("Write a Python") for r in rows)
-    row = next(r for r, t in zip(rows, tests) if t["fn"].startswith(("add_", "times_", "minus_")))
-    fn, k = json.loads(row["answer"])["fn"].split("_")
-    op = {"add": "+", "times": "*", "minus": "-"}[fn]
-    program = f"```python\ndef {fn}_{k}(x):\n    return x {op} {k}\n```"
-    assert get_task("code_functions").score(program, row["answer"]) == 1.0
+    sources = {"times": "def {fn}(x):\n    return x * {k}", "reverse": "def {fn}(s):\n    return s[::-1]",
+               "fib": "def {fn}(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a"}
+    checked = 0
+    for row, t in zip(rows, tests):
+        stem, _, k = t["fn"].partition("_") if t["fn"].startswith("times_") else (t["fn"], "", "")
+        if stem in sources and checked < 3:
+            program = "```python\n" + sources[stem].format(fn=t["fn"], k=k) + "\n```"
+            assert get_task("code_functions").score(program, row["answer"]) == 1.0, t
+            assert get_task("code_functions").score(program.replace("return", "return 1 +", 1), row["answer"]) < 1.0
+            checked += 1
+            sources.pop(stem)
+    assert checked == 3

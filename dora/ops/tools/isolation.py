@@ -6,7 +6,7 @@ What the child gets (docs/architecture.md, "The tool sandbox"):
   capabilities, no_new_privs, no further user namespaces (--disable-userns), its own session;
 - a root of its own: a read-only tmpfs holding read-only binds of the shared-library folders
   (/usr/lib, /usr/lib64, ...), the interpreter's prefix (its standard library) with every
-  site-packages / dist-packages folder hidden, the child scripts at /dora, and the packages the tool
+  site-packages / dist-packages folder hidden, copies of the child scripts at /dora, and the packages the tool
   allows at /dora/packages; its own /proc, a read-only minimal /dev, and one
   writable tmpfs of `disk_mb` at /tmp (the scratch folder and working directory). Nothing else of the
   host exists in there: no run folder, project, home folders, /etc or host processes;
@@ -70,9 +70,10 @@ def interpreter() -> str:
     return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 
 
-def interpreter_view(child_files: list[str], packages: list[str]) -> View:
-    """The binds the child needs: shared libraries, the interpreter and its standard library, the
-    child scripts and the allowed packages (paths as resolved by package_paths)."""
+def interpreter_view(packages: list[str]) -> View:
+    """The binds the child needs: shared libraries, the interpreter and its standard library and the
+    allowed packages (paths as resolved by package_paths). The child scripts come as data
+    (inner_args' `files`): a bind would show their host path in the sandbox's /proc/self/mountinfo."""
     binds: list[tuple[str, str]] = [(p, p) for p in LIB_ROOTS if os.path.isdir(p) and not os.path.islink(p)]
     links = []
     for p in TOP_LIB_LINKS:
@@ -86,7 +87,6 @@ def interpreter_view(child_files: list[str], packages: list[str]) -> View:
     exe = interpreter()
     if not any(exe.startswith(src.rstrip("/") + "/") for src, _ in binds):
         binds.append((exe, exe))
-    binds += [(f, f"{CHILD_DIR}/{os.path.basename(f)}") for f in child_files]
     binds += [(p, f"{PACKAGES_DIR}/{os.path.basename(p.rstrip('/'))}") for p in packages]
     hidden = sorted({h for src, dest in binds if src == dest and os.path.isdir(src) for h in _site_dirs(src)})
     return View(tuple(binds), tuple(links), tuple(hidden))
@@ -101,15 +101,19 @@ def _site_dirs(root: str) -> list[str]:
     return [p for p in found if os.path.basename(p) in ("site-packages", "dist-packages")]
 
 
-def inner_args(view: View, disk_bytes: int, seccomp_fd: int | None, stage: dict[str, str]) -> list[str]:
+def inner_args(view: View, disk_bytes: int, seccomp_fd: int | None, stage: dict[str, str],
+               files: list[tuple[int, str]] = ()) -> list[str]:
     """The inner bwrap's options (the command follows them). `stage` maps a bind source to where the
-    outer bwrap staged it (root callers), else it is bound from where it is."""
+    outer bwrap staged it (root callers), else it is bound from where it is; `files` are (fd,
+    destination): read-only files copied from those descriptors (the child scripts)."""
     a = ["--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
          "--hostname", "sandbox", "--die-with-parent", "--new-session"]
     for src, dest in view.binds:
         a += ["--ro-bind", stage.get(src, src), dest]
     for target, dest in view.links:
         a += ["--symlink", target, dest]
+    for fd, dest in files:
+        a += ["--ro-bind-data", str(fd), dest]
     for h in view.hidden:
         a += ["--tmpfs", h, "--remount-ro", h]
     a += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
@@ -138,7 +142,8 @@ def outer_args(stage: dict[str, str], setpriv: str) -> list[str]:
                 "--inh-caps=-all", "--bounding-set=-all"]
 
 
-def command(view: View, child_argv: list[str], disk_bytes: int, arg_fd: int, seccomp_fd: int | None) -> tuple[list[str], bytes]:
+def command(view: View, child_argv: list[str], disk_bytes: int, arg_fd: int, seccomp_fd: int | None,
+            files: list[tuple[int, str]] = ()) -> tuple[list[str], bytes]:
     """(argv to start, the inner bwrap's options to write to `arg_fd`, NUL-separated): passing them
     through a file descriptor keeps them out of the sandbox's /proc/1/cmdline."""
     bwrap, setpriv = tools()
@@ -146,7 +151,7 @@ def command(view: View, child_argv: list[str], disk_bytes: int, arg_fd: int, sec
         raise RuntimeError(missing_tool())
     root = os.geteuid() == 0
     stage = staged(view) if root else {}
-    options = inner_args(view, disk_bytes, seccomp_fd, stage)
+    options = inner_args(view, disk_bytes, seccomp_fd, stage, files)
     inner = [bwrap, "--args", str(arg_fd), "--"] + child_argv
     argv = [bwrap] + outer_args(stage, setpriv) + inner if root else inner
     return argv, b"".join(o.encode() + b"\0" for o in options)

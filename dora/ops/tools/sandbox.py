@@ -30,7 +30,7 @@ import time
 from dora.ops.tools import isolation, seccomp_bpf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CHILD, HARNESS, AUDIT = (os.path.join(HERE, f) for f in ("sandbox_child.py", "sandbox_harness.py", "sandbox_audit.py"))
+CHILD, HARNESS = (os.path.join(HERE, f) for f in ("sandbox_child.py", "sandbox_harness.py"))
 MARKER = "\x00dora-sandbox: "
 KILL_WAIT_S = 5.0
 PROBE_WALL_S = 20.0
@@ -158,11 +158,13 @@ def _bwrap_argv(limits: Limits, fds: list[int]) -> tuple[list[str], list[int]]:
     fds += [seccomp_fd] if seccomp_fd is not None else []
     arg_fd = os.memfd_create("dora-bwrap-args", 0)
     fds.append(arg_fd)
+    files = [(_memfd(name, data), f"{isolation.CHILD_DIR}/{name}") for name, data in _child_scripts()]
+    fds += [fd for fd, _ in files]
     cfg = {"mode": "bwrap", "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb, "output_bytes": limits.output_bytes,
            "max_threads": limits.max_threads, "process_filter": _process_filter().hex(),
            "packages_dir": isolation.PACKAGES_DIR if limits.packages else None}
     child = [isolation.interpreter(), "-I", "-S", "-B", f"{isolation.CHILD_DIR}/sandbox_child.py", json.dumps(cfg)]
-    argv, options = isolation.command(view, child, limits.disk_mb << 20, arg_fd, seccomp_fd)
+    argv, options = isolation.command(view, child, limits.disk_mb << 20, arg_fd, seccomp_fd, files)
     os.write(arg_fd, options)
     os.lseek(arg_fd, 0, os.SEEK_SET)
     return argv, fds
@@ -181,7 +183,17 @@ def _interpreter_argv(limits: Limits, host: str) -> tuple[list[str], list[int]]:
 
 @functools.lru_cache(maxsize=16)
 def _view(packages: tuple[str, ...]) -> isolation.View:
-    return isolation.interpreter_view([CHILD, HARNESS], list(packages))
+    return isolation.interpreter_view(list(packages))
+
+
+@functools.lru_cache(maxsize=1)
+def _child_scripts() -> tuple[tuple[str, bytes], ...]:
+    """(name, bytes) of the scripts the sandboxed interpreter runs (copied in, never bound)."""
+    out = []
+    for path in (CHILD, HARNESS):
+        with open(path, "rb") as f:
+            out.append((os.path.basename(path), f.read()))
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=1)
