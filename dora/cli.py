@@ -136,13 +136,16 @@ def cmd_ops(args: argparse.Namespace) -> int:
     sections = {"async": section_specs(AsyncConfig), "run": section_specs(RunConfig)}
     # generate's `tools` entries (named by string, as the OpSpecs name their checks: cli sits above ops)
     tools = {kind: import_object(path).settings for kind, path in import_object("dora.ops.tools.tool_registry:KINDS").items()}
+    reward_fns = {"code_exec": import_object("dora.ops.tools.code_exec:SETTINGS")}   # reward fns with declared params
     if args.json:
         # one list: the ops, the pipeline sections ("section": true), the tool kinds ("tool": true)
         print(json.dumps([s.describe() for s in ops.values()]
                          + [{"name": k, "section": True, "params": [p.describe() for p in v.values()]}
                             for k, v in sections.items()]
                          + [{"name": k, "tool": True, "params": [p.describe() for p in v.values()]}
-                            for k, v in tools.items()], indent=2, default=str))
+                            for k, v in tools.items()]
+                         + [{"name": k, "reward_fn": True, "params": [p.describe() for p in v.values()]}
+                            for k, v in reward_fns.items()], indent=2, default=str))
         return 0
     for s in ops.values():
         print(f"{s.name}: {s.doc}")
@@ -168,6 +171,11 @@ def cmd_ops(args: argparse.Namespace) -> int:
         print()
     for kind, specs in tools.items():
         print(f"tool {kind}: (generate param tools: {{name: NAME, kind: {kind}, <settings>}})")
+        for ps in specs.values():
+            print(f"  setting  {_param_line(ps)}")
+        print()
+    for fn, specs in reward_fns.items():
+        print(f"reward fn {fn}: (reward params: {{fn: {fn}, params: {{<settings>}}}})")
         for ps in specs.values():
             print(f"  setting  {_param_line(ps)}")
         print()
