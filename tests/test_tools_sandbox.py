@@ -20,7 +20,7 @@ import uuid
 import pytest
 from sandbox_battery import ATTEMPTS, batch_script
 
-from dora.ops.tools import isolation, sandbox, seccomp_bpf
+from dora.ops.tools import sandbox, seccomp_bpf
 from dora.ops.tools.python_tool import PythonTool
 from dora.ops.tools.sandbox import Limits, run_python
 

@@ -8,7 +8,10 @@ Tests: the row's `tests` column when it has one, else its `answer`, as JSON, one
   {"asserts": ["assert add(1, 2) == 3", ...]}                        MBPP / HumanEval style
 An assert is `assert EXPR == LITERAL` (either side), `assert EXPR` or `assert not EXPR`: only EXPR
 goes into the sandbox and the expected value stays here (sandbox_harness.py), so a program cannot
-read its answers or fake a pass by exiting early. Other asserts are a data error naming the row.
+read its answers or fake a pass by exiting early. (It shares a process with the harness and could
+write result lines of its own, but a result is a value compared here: without the expected values
+a forged line passes only where computing the value from the case's input would.) Other asserts
+are a data error naming the row.
 The program: the last ```python fenced block of the response, else its last ``` block (a block cut
 off by max_tokens counts), else the whole response.
 Passing: stdin cases compare line by line, trailing whitespace and trailing blank lines ignored

@@ -92,5 +92,3 @@ def make_guard(scratch: str, refuse_network: bool):
                 raise PermissionError(f"sandbox: {event} outside the scratch folder is refused")
 
     return guard
-
-
