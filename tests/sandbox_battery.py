@@ -25,6 +25,8 @@ PROCESS_ATTEMPTS = {
         "subprocess._fork_exec = capture\ntry:\n    subprocess.Popen(['/usr/bin/true'])\nexcept OSError:\n    pass\n"
         "finally:\n    subprocess._fork_exec = real\nreturn _posixsubprocess.fork_exec(*seen[0])"),
     "ctypes libc.system": "return libc.system(b'true') == 0 or None",
+    "_ctypes.dlopen and system": ("import _ctypes\naddr = _ctypes.dlsym(_ctypes.dlopen('libc.so.6'), 'system')\n"
+                                  "return ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p)(addr)(b'true') == 0 or None"),
     "ctypes libc.fork": "pid = check(libc.fork())\nif pid == 0:\n    libc._exit(0)\nreturn pid",
     "ctypes libc.execve": ("argv = (ctypes.c_char_p * 2)(b'/usr/bin/true', None)\n"
                            "check(libc.execve(b'/usr/bin/true', argv, None))"),
@@ -67,6 +69,7 @@ NETWORK_ATTEMPTS = {
 }
 PROCESS_CONTROL_ATTEMPTS = {
     "signal a host process": "os.kill(HOST['sleeper'], signal.SIGKILL)\nreturn 'signalled'",
+    "signal the parent (the dora process)": "os.kill(HOST['parent'], signal.SIGCONT)\nreturn 'signalled'",
     "ptrace attach": "return refused(libc.ptrace(16, 1, 0, 0))",
     "ptrace traceme": "return refused(libc.ptrace(0, 0, 0, 0))",
     "process_vm_readv": "return refused(libc.syscall(SYS['process_vm_readv'], 1, 0, 0, 0, 0, 0))",

@@ -44,7 +44,8 @@ def host(tmp_path_factory):
     sleeper = subprocess.Popen(["sleep", "300"])
     os.environ["DORA_SANDBOX_CANARY"] = canary
     yield {"run_dir": str(run_dir), "secret": str(run_dir / "secret.txt"), "port": tcp.getsockname()[1],
-           "abstract": canary, "sleeper": sleeper.pid, "canary": canary, "project": ROOT, "_procs": (sleeper, tcp, unix)}
+           "abstract": canary, "sleeper": sleeper.pid, "parent": os.getpid(), "canary": canary, "project": ROOT,
+           "_procs": (sleeper, tcp, unix)}
     del os.environ["DORA_SANDBOX_CANARY"]
     sleeper.kill()
     sleeper.wait()
