@@ -1,8 +1,9 @@
 """Python tool-call latency, before and after OS isolation (issue 37), side by side.
 
 Each round makes one call in each configuration, in turn, so every configuration sees the same
-machine load; the table gives p50 / p95 of the call's wall time as the tool runner sees it
-(PythonTool.run: start or hand-over, run, read back) and p50 minus the `before` p50.
+machine load; the table gives min / p50 / p95 of the call's wall time as the tool runner sees it
+(PythonTool.run: start or hand-over, run, read back) and p50 minus the `before` p50 (min is the
+closest a loaded machine gets to an idle one).
 
   before            sandbox: interpreter_only, the confinement main had (a child python that confines
                     itself: netns, rlimits, audit hook); with --before PATH, main's own sandbox.py too
@@ -78,11 +79,12 @@ def measure(rounds: int, gap_s: float, before: str | None) -> dict[str, list[flo
 def table(times: dict[str, list[float]]) -> str:
     base_name = next(n for n in times if n.startswith("before (interpreter_only)"))
     base = statistics.median(times[base_name])
-    lines = ["| configuration | calls | p50 ms | p95 ms | p50 - before (interpreter_only) ms |", "|---|---|---|---|---|"]
+    lines = ["| configuration | calls | min ms | p50 ms | p95 ms | p50 - before (interpreter_only) ms |",
+             "|---|---|---|---|---|---|"]
     for name, ts in times.items():
         ms = sorted(t * 1000 for t in ts)
         p50, p95 = statistics.median(ms), ms[min(len(ms) - 1, int(round(0.95 * (len(ms) - 1))))]
-        lines.append(f"| {name} | {len(ms)} | {p50:.1f} | {p95:.1f} | {p50 - base * 1000:+.1f} |")
+        lines.append(f"| {name} | {len(ms)} | {ms[0]:.1f} | {p50:.1f} | {p95:.1f} | {p50 - base * 1000:+.1f} |")
     return "\n".join(lines)
 
 
