@@ -1,36 +1,36 @@
-"""The torch engine on one GPU: the paged engine vs the eager baseline vs transformers generate.
+"""The torch engine on one GPU, in one short call: correctness first, then throughput, within a budget.
 
-    python benchmarks/engine_gpu.py                  # one H200: the 1.1B-class random Llama in bf16 (< 8 min)
-    python benchmarks/engine_gpu.py --device cpu     # dry run here: a small model, small shapes
-    python benchmarks/engine_gpu.py --json out.json --only paged-nano,paged-decode
+On the GPU machine (one H200 or H100; ../shared/GPU.md), from the checkout, the whole day-one call:
 
-Needs only the checkout, torch, transformers and safetensors, and for the two gpu_single sections
-(real `dora run`s) the pyzmq wheel of ../shared/GPU.md on PYTHONPATH (GPU.md installs it with
-omegaconf). Each section runs in its own process with its own timeout, so a crash or a hang in one
-still prints the others;
-each measured run also stops itself at --cap seconds and then reports the tokens it made by then
-(marked "capped"). The whole script is meant to take under 8 minutes on one H200 (it prints its total).
+    bash benchmarks/gpu_day_one.sh               # the two wheels from .whl/, this script, then `pytest -m gpu`
 
-Sections (one table at the end):
-- a correctness check first: a small float32 model through the paged engine as configured on the
-  device (CUDA graphs with batch padding, the Triton kernel, chunked prefill, a shared prompt),
-  then again after sleep / wake / load (graphs captured anew); the worst |logprob - transformers|;
-- nano-vLLM's shape: 256 requests, prompt and output lengths uniform in 100..1024, no EOS;
-- GRPO's shape: 64 prompts x 8 samples (prompts uniform in 100..512), long-tailed outputs (1 in 8
-  at 1024 tokens, the rest exponential with mean 128, at least 16);
-  each run by the paged engine, the eager baseline (benchmarks/baselines) and HF generate
-  (batches of max_batch, every row to its batch's longest output, useful tokens counted);
-- decode ms per step at batch 64 and 256 (paged and eager, 128-token prompts, steady state);
-- the paged engine's start-up and graph capture, the time to load a version (from host memory
-  and from a safetensors file), to sleep and to wake, and the bytes sleep frees
-  (torch.cuda.memory_reserved before and after);
-- pipelines/gpu_single.yaml end to end (rollout and trainer on the one device, memory shares
-  45% + 45%), in sync mode (the engine sleeps through each training step) and in dora mode
-  (both keep their shares and run at once): `dora run` of SINGLE_STEPS steps, its wall time,
-  per-step medians after the first (step, training, rollout-only seconds, trained tokens/s, the
-  sleep + wake seconds), the trainer's peak CUDA memory, the engine's KV capacity, C1-C3 and lost.
-  On cpu the same pipeline with SINGLE_ON_CPU's small settings.
-To add a section: write a function section_NAME(args) -> dict of measures and add NAME to SECTIONS.
+or this script alone:
+
+    python3 benchmarks/engine_gpu.py --json engine_gpu.json            # --budget 420 s, every section that fits
+    python3 benchmarks/engine_gpu.py --only paged-check,paged-nano,paged-decode --budget 200
+    python3 benchmarks/engine_gpu.py --device cpu --budget 120         # the CPU path of every section (a dry run)
+
+Needs only the checkout, torch, transformers, safetensors and (for the two single-* sections, real
+`dora run`s) the pyzmq wheel of ../shared/GPU.md on PYTHONPATH. Sections run most important first,
+each in a process of its own, forked from this one once it imported torch and transformers (so a
+section pays no start-up, and a crash or a hang in one still leaves the others' numbers):
+
+  1. paged-check    bf16 correctness: the paged engine as configured on the device (CUDA graphs with
+                    padded batches, the Triton kernel, chunked prefill, a shared prompt) against a
+                    transformers forward, before and after a version load and both kinds of sleep
+                    (benchmarks/engine_check.py), with graph_captures after each phase; fp32 too
+  2. paged-nano     nano-vLLM's shape: 256 requests, prompt and output lengths uniform in 100..1024
+  3. paged-decode   decode ms per step at batch 64 and 256, at contexts ~150 and ~900
+  4. single-sync, single-dora   pipelines/gpu_single.yaml, 3 steps each (rollout and trainer on the one GPU)
+  5. eager-decode, eager-nano (the eager baseline, benchmarks/baselines), paged-grpo (64 prompts x 8,
+     long-tailed outputs), paged-lifecycle (start, warm-up, loads, sleeps, wakes), eager-grpo,
+     hf-nano, hf-grpo (transformers generate)
+
+Budget (--budget, default 420 s): a section starts only if its estimate (NEEDS) fits what is left,
+and is stopped at the budget; the results so far are printed and written (--json) after every
+section, so a stop at any moment leaves them. Timed regions exclude compiles and exports
+(benchmarks/engine_gpu_sections.py). Exit 2: an unknown section in --only (the list is printed), or
+a budget too small for the first section (it says how long that needs).
 """
 
 from __future__ import annotations
@@ -38,433 +38,164 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
+import select
+import signal
 import subprocess
 import sys
-import tempfile
 import time
+import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # run from a checkout without installing
 
-SECTIONS = ["paged-check", "paged-nano", "paged-grpo", "paged-decode", "paged-lifecycle", "eager-nano", "eager-grpo",
-            "eager-decode", "hf-nano", "hf-grpo", "single-sync", "single-dora"]
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SINGLE_STEPS = 4
-SINGLE_ON_CPU = ["pools.gpu.device=cpu", "model={arch: llama, hidden: 64, layers: 2, heads: 4, kv_heads: 2, "
-                 "intermediate: 128, max_positions: 512, init_std: 0.05, tokenizer: chars}",
-                 "nodes.rollout.params.dtype=float32", "nodes.train.params.precision=fp32", "async.train_batch=32",
-                 "async.rollout_batch=48", "nodes.prompts.params.group_size=4", "nodes.rollout.params.max_tokens=32",
-                 "nodes.rollout.params.max_batch=16"]
-SHAPES = {   # (model, nano requests and length range, grpo prompts x samples and prompt range, max output, decode batches)
-    "cuda": dict(model=dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
-                            num_key_value_heads=4, vocab_size=32000), max_seq_len=2048, nano=(256, 100, 1024),
-                 grpo=(64, 8, 100, 512), out_max=1024, tail_mean=128, decode=(64, 256), decode_prompt=128, max_batch=256),
-    "cpu": dict(model=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, vocab_size=512), max_seq_len=256, nano=(16, 8, 64),
-                grpo=(4, 4, 8, 32), out_max=64, tail_mean=12, decode=(4, 16), decode_prompt=16, max_batch=16),
-}
+SECTIONS = ["paged-check", "paged-nano", "paged-decode", "single-sync", "single-dora", "eager-decode", "eager-nano",
+            "paged-grpo", "paged-lifecycle", "eager-grpo", "hf-nano", "hf-grpo"]
+# estimated seconds per section, (cuda: one H200, start-up of its process included; cpu: the 2-core dev machine)
+NEEDS = {"paged-check": (45, 10), "paged-nano": (50, 6), "paged-decode": (60, 8), "single-sync": (100, 30),
+         "single-dora": (100, 30), "eager-decode": (60, 6), "eager-nano": (45, 6), "paged-grpo": (45, 6),
+         "paged-lifecycle": (45, 6), "eager-grpo": (45, 6), "hf-nano": (45, 6), "hf-grpo": (45, 6)}
+MARGIN_S = 5.0   # of the budget, kept to print and write what was measured
 
 
-# ---------------------------------------------------------------- workloads and models
-def nano_shape(s: dict) -> tuple[list[list[int]], list[int]]:
-    rnd = random.Random(0)
-    n, lo, hi = s["nano"]
-    vocab = s["model"]["vocab_size"]
-    prompts = [[rnd.randrange(3, vocab) for _ in range(rnd.randint(lo, hi))] for _ in range(n)]
-    return prompts, [rnd.randint(lo, hi) for _ in range(n)]
+def need(name: str, device: str) -> float:
+    return NEEDS[name][0 if device == "cuda" else 1]
 
 
-def grpo_shape(s: dict) -> tuple[list[list[int]], list[int]]:
-    rnd = random.Random(1)
-    groups, g, lo, hi = s["grpo"]
-    vocab = s["model"]["vocab_size"]
-    prompts, lens = [], []
-    for _ in range(groups):
-        prompt = [rnd.randrange(3, vocab) for _ in range(rnd.randint(lo, hi))]
-        for i in range(g):
-            prompts.append(prompt)
-            lens.append(s["out_max"] if i == 0 else min(s["out_max"], max(16, int(rnd.expovariate(1 / s["tail_mean"])))))
-    return prompts, lens
-
-
-def build_model(s: dict, device: str, dtype):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(**s["model"], max_position_embeddings=2 * s["max_seq_len"], eos_token_id=None,
-                      bos_token_id=None, pad_token_id=0, initializer_range=0.02)
-    with torch.device(device):
-        return LlamaForCausalLM(cfg).to(dtype).eval()
-
-
-def make_engine(kind: str, model, s: dict, device: str, dtype):
-    if kind == "paged":
-        from dora.ops.engines.torch_engine import TorchEngine
-        return TorchEngine(model, max_batch=s["max_batch"], eos_ids=[], max_seq_len=s["max_seq_len"], dtype=dtype,
-                           device=device)
-    from benchmarks.baselines.eager_engine import EagerEngine
-    return EagerEngine(model, max_batch=s["max_batch"], eos_ids=[], max_seq_len=s["max_seq_len"])
-
-
-# ---------------------------------------------------------------- measures
-def run_engine(eng, prompts: list[list[int]], lens: list[int], cap: float) -> dict:
-    from dora.ops.engines.engine import SamplingRequest
-
-    sync = _sync_fn()
-    sync()
-    t0 = time.perf_counter()
-    for i, p in enumerate(prompts):
-        eng.submit(SamplingRequest(f"r{i}", p, 0, max_tokens=lens[i], temperature=1.0))
-    done, steps, capped = 0, 0, False
-    while eng.has_work():
-        done += sum(len(c.response_ids) for c in eng.step())
-        steps += 1
-        if time.perf_counter() - t0 > cap:
-            capped = True
-            done += sum(len(st.response_ids) for st in eng.interrupt_all())
-            break
-    sync()
-    seconds = time.perf_counter() - t0
-    stats = eng.stats().to_dict()
-    return {"tokens": done, "wanted": sum(lens), "seconds": seconds, "tok_s": done / seconds, "steps": steps,
-            "capped": capped, **{k: stats[k] for k in ("prefill_tokens", "prefix_hit_tokens", "preempted") if k in stats}}
-
-
-def run_hf(model, prompts: list[list[int]], lens: list[int], batch: int, cap: float) -> dict:
-    import torch
-
-    sync = _sync_fn()
-    t0, useful, capped = time.perf_counter(), 0, False
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))   # similar lengths together: less padding
-    for start in range(0, len(order), batch):
-        idx = order[start:start + batch]
-        width = max(len(prompts[i]) for i in idx)
-        ids = torch.zeros(len(idx), width, dtype=torch.long)
-        mask = torch.zeros(len(idx), width, dtype=torch.long)
-        for r, i in enumerate(idx):
-            ids[r, width - len(prompts[i]):] = torch.tensor(prompts[i])
-            mask[r, width - len(prompts[i]):] = 1
-        new = max(lens[i] for i in idx)
-        left = cap - (time.perf_counter() - t0)
-        with torch.inference_mode():
-            out = model.generate(ids.to(model.device), attention_mask=mask.to(model.device), do_sample=True,
-                                 temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new, min_new_tokens=new,
-                                 pad_token_id=0, max_time=max(left, 1.0))
-        made = out.shape[1] - width
-        useful += sum(min(made, lens[i]) for i in idx)
-        if made < new or time.perf_counter() - t0 > cap:
-            capped = start + batch < len(order) or made < new
-            break
-    sync()
-    seconds = time.perf_counter() - t0
-    return {"tokens": useful, "wanted": sum(lens), "seconds": seconds, "tok_s": useful / seconds, "capped": capped}
-
-
-def decode_ms(eng, s: dict, batch: int, steps: int) -> float:
-    """Steady-state ms per decode step with `batch` requests running (prefill done first)."""
-    from dora.ops.engines.engine import SamplingRequest
-
-    rnd = random.Random(batch)
-    for i in range(batch):
-        eng.submit(SamplingRequest(f"d{batch}-{i}", [rnd.randrange(3, s["model"]["vocab_size"])
-                                                    for _ in range(s["decode_prompt"])], 0,
-                                   max_tokens=s["max_seq_len"] - s["decode_prompt"] - 1, temperature=1.0))
-    for _ in range(200):                  # admission and prefill (chunked on the paged engine) until all decode
-        before = eng.stats().generated_tokens
-        eng.step()
-        if eng.stats().generated_tokens - before == batch:
-            break
-    eng.step()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        eng.step()                        # (a step ends with its device-to-host copy: synchronised)
-    ms = (time.perf_counter() - t0) / steps * 1000
-    eng.interrupt_all()
-    return ms
-
-
-def _sync_fn():
-    import torch
-    return torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-
-
-# ---------------------------------------------------------------- sections (each in its own process)
-def section_shape(args, kind: str, shape: str) -> dict:
-    import torch
-
-    s, dtype = SHAPES[args.device], getattr(torch, args.dtype)
-    model = build_model(s, args.device, dtype)
-    prompts, lens = (nano_shape if shape == "nano" else grpo_shape)(s)
-    if kind == "hf":
-        run_hf(model, prompts[:2], [4, 4], 2, args.cap)               # warm-up
-        return run_hf(model, prompts, lens, s["max_batch"], args.cap)
-    t0 = time.perf_counter()
-    eng = make_engine(kind, model, s, args.device, dtype)
-    del model
-    start = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    run_engine(eng, prompts[:2], [4, 4], args.cap)                    # warm-up (the paged engine captures its graphs)
-    warmup = time.perf_counter() - t0
-    return {**run_engine(eng, prompts, lens, args.cap), "start_s": start, "warmup_s": warmup}
-
-
-def section_decode(args, kind: str) -> dict:
-    import torch
-
-    s, dtype = SHAPES[args.device], getattr(torch, args.dtype)
-    eng = make_engine(kind, build_model(s, args.device, dtype), s, args.device, dtype)
-    return {f"decode_ms_{b}": decode_ms(eng, s, b, steps=30 if kind == "paged" else 10) for b in s["decode"]}
-
-
-def section_lifecycle(args) -> dict:
-    """The paged engine: start-up, graph capture, version loads, sleep and wake."""
-    import torch
-    from dora.ops.weights.versions import save_version
-
-    s, dtype = SHAPES[args.device], getattr(torch, args.dtype)
-    model = build_model(s, args.device, dtype)
-    host = {k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}   # what a trainer publishes
-    sync, out = _sync_fn(), {}
-    t0 = time.perf_counter()
-    eng = make_engine("paged", model, s, args.device, dtype)
-    out["start_s"] = time.perf_counter() - t0
-    del model
-    t0 = time.perf_counter()
-    run_engine(eng, [[5, 6, 7]], [2], args.cap)                       # first decode: captures the graph ladder
-    out["capture_s"] = time.perf_counter() - t0
-    for v, source in ((1, host), (2, save_version(host, tempfile.mkdtemp(prefix="engine-gpu-"), 2)[0])):
-        sync()
-        t0 = time.perf_counter()
-        eng.load_weights(v, source)
-        sync()
-        out["load_memory_s" if v == 1 else "load_file_s"] = time.perf_counter() - t0
-    reserved = torch.cuda.memory_reserved() if torch.cuda.is_available() else 0
-    t0 = time.perf_counter()
-    out["sleep_bytes"] = eng.sleep()
-    out["sleep_s"] = time.perf_counter() - t0
-    out["reserved_freed"] = reserved - (torch.cuda.memory_reserved() if torch.cuda.is_available() else 0)
-    t0 = time.perf_counter()
-    eng.wake()
-    out["wake_s"] = time.perf_counter() - t0
-    eng.load_weights(3, host)
-    t0 = time.perf_counter()
-    run_engine(eng, [[5, 6, 7]], [2], args.cap)                       # graphs captured again after wake
-    out["recapture_s"] = time.perf_counter() - t0
-    return out
-
-
-def section_check(args) -> dict:
-    """Worst |logprob - a transformers forward| of the paged engine in float32, before and after sleep/wake."""
-    import torch
-    from dora.ops.engines.engine import SamplingRequest
-    from dora.ops.engines.torch_engine import TorchEngine
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
-                      num_key_value_heads=2, vocab_size=1000, max_position_embeddings=512, eos_token_id=None)
-    with torch.device(args.device):
-        model = LlamaForCausalLM(cfg).float().eval()
-    eng = TorchEngine(model, max_batch=16, eos_ids=[], max_prefill_tokens=64, max_seq_len=512)
-    rnd = random.Random(5)
-    shared = [rnd.randrange(3, 1000) for _ in range(40)]
-    prompts = [shared] * 6 + [[rnd.randrange(3, 1000) for _ in range(rnd.randint(2, 150))] for _ in range(5)]
-
-    def worst() -> float:
-        for i, p in enumerate(prompts):
-            eng.submit(SamplingRequest(f"c{i}", p, eng.version, max_tokens=20 + i, temperature=1.0))
-        out, err = {}, 0.0
-        while eng.has_work():
-            out.update({c.uid: c for c in eng.step()})
-        for c in out.values():
-            ids = torch.tensor([c.prompt_ids + c.response_ids], device=args.device)
-            with torch.no_grad():
-                logits = model(ids).logits[0, len(c.prompt_ids) - 1:-1].float()
-            ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(c.response_ids, device=args.device)[:, None])
-            err = max(err, (ref[:, 0].cpu() - torch.tensor(c.logprobs)).abs().max().item())
-        return err
-
-    before = worst()
-    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    eng.sleep()
-    eng.wake()
-    eng.load_weights(1, weights)
-    return {"logprob_err": before, "logprob_err_after_wake": worst(), "prefix_hit_tokens": eng.stats().prefix_hit_tokens}
-
-
-def section_single(args, mode: str) -> dict:
-    """pipelines/gpu_single.yaml, SINGLE_STEPS steps in `mode`: a real `dora run` (its own processes)."""
-    import importlib.util
-    import statistics
-
-    if importlib.util.find_spec("zmq") is None:   # (omegaconf only for ${...} interpolation, which gpu_single has none of)
-        raise RuntimeError("dora run needs pyzmq: install the wheels of ../shared/GPU.md and put them on PYTHONPATH")
-    out = tempfile.mkdtemp(prefix=f"engine-gpu-single-{mode}-")
-    cmd = [sys.executable, "-m", "dora.cli", "run", os.path.join(ROOT, "pipelines", "gpu_single.yaml"),
-           f"async.mode={mode}", f"nodes.train.params.steps={SINGLE_STEPS}", *(SINGLE_ON_CPU if args.device == "cpu" else []),
-           "--out", out, "--quiet", "--deadline", str(max(30.0, args.single_timeout - 20))]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.single_timeout)
-    path = os.path.join(out, "summary.json")
-    if not os.path.exists(path):
-        raise RuntimeError(f"dora run exit {proc.returncode}, no summary: {(proc.stderr or proc.stdout)[-300:]}")
-    with open(path) as f:
-        summary = json.load(f)
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        steps = [json.loads(line) for line in f if line.strip()][1:]   # after the first (start-up, graph capture)
-    with open(os.path.join(out, "state.json")) as f:
-        kv = [r["kv_capacity"] for r in json.load(f)["replicas"] if r["node"] == "rollout"]
-
-    def median(key: str) -> float | None:
-        vals = [r[key] for r in steps if r.get(key) is not None]
-        return statistics.median(vals) if vals else None
-    acc = summary.get("accounting") or {}
-    shared = summary.get("shared_devices") or {}
-    return {"exit": proc.returncode, "ok": summary.get("ok"), "run_error": summary.get("error"), "wall_s": summary.get("wall_s"),
-            "steps": summary.get("steps"), "step_s": median("step_time_s"), "train_s": median("train_s"),
-            "rollout_only_s": median("rollout_only_s"), "step_tok_s": median("tokens_per_s"),
-            "handover_s": (median("shared_sleep_s") or 0) + (median("shared_wake_s") or 0) if shared else None,
-            "sleeps": shared.get("sleeps", 0), "trainer_peak_gib": max((r.get("cuda_peak_reserved_gib") or 0 for r in steps),
-                                                                         default=0),
-            "kv_tokens": kv[0] if kv else None, "c1_c3": [acc.get(f"c{i}_violations") for i in (1, 2, 3)],
-            "lost": acc.get("lost"), "trained": acc.get("trained")}
-
-
-def run_section(args, name: str) -> dict:
-    import torch
-
-    torch.manual_seed(0)
-    if args.device == "cpu":
-        torch.set_num_threads(args.threads)
-    kind, what = name.split("-")
-    if kind == "single":
-        return section_single(args, what)
-    if what == "check":
-        return section_check(args)
-    if what in ("nano", "grpo"):
-        return section_shape(args, kind, what)
-    if what == "decode":
-        return section_decode(args, kind)
-    return section_lifecycle(args)
-
-
-# ---------------------------------------------------------------- the driver and the table
-def spawn(args, name: str) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--section", name, "--device", args.device, "--dtype", args.dtype,
-           "--cap", str(args.cap), "--threads", str(args.threads), "--single-timeout", str(args.single_timeout)]
-    timeout = args.single_timeout + 15 if name.startswith("single-") else args.timeout
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        return {"error": f"exit {proc.returncode}: {tail[0][:160]}"}
-    return {**json.loads(lines[-1][len("RESULT "):]), "wall_s": time.perf_counter() - t0}
-
-
-def _tok(r: dict | None) -> str:
-    if not r:
-        return "-"
-    if "error" in r:
-        return "FAILED"
-    return f"{r['tok_s']:,.0f}" + (" (capped)" if r.get("capped") else "")
-
-
-def print_table(res: dict, args) -> None:
-    def ratio(a, b):
-        ok = a and b and "error" not in a and "error" not in b
-        return f"{a['tok_s'] / b['tok_s']:.1f}x" if ok else "-"
-
-    rows = [("measure", "paged", "eager", "HF generate", "paged/eager", "paged/HF")]
-    check = res.get("paged-check") or {}
-    for key, label in (("logprob_err", "check: max |logprob - HF|, fp32"),
-                       ("logprob_err_after_wake", "check: the same after sleep/wake")):
-        rows.append((label, f"{check[key]:.1e}" if key in check else "-", "", "", "", ""))
-    for shape in ("nano", "grpo"):
-        p, e, h = (res.get(f"{k}-{shape}") for k in ("paged", "eager", "hf"))
-        rows.append((f"{shape} shape: output tok/s", _tok(p), _tok(e), _tok(h), ratio(p, e), ratio(p, h)))
-    pd, ed = res.get("paged-decode") or {}, res.get("eager-decode") or {}
-    for b in SHAPES[args.device]["decode"]:
-        key = f"decode_ms_{b}"
-        rows.append((f"decode ms/step, batch {b}", f"{pd[key]:.2f}" if key in pd else "-",
-                     f"{ed[key]:.2f}" if key in ed else "-", "", "", ""))
-    life = res.get("paged-lifecycle") or {}
-    for key, label in (("start_s", "start-up s"), ("capture_s", "first step (graph capture) s"),
-                       ("load_memory_s", "load version from memory s"), ("load_file_s", "load version from file s"),
-                       ("sleep_s", "sleep s"), ("wake_s", "wake s"), ("recapture_s", "first step after wake s")):
-        rows.append((label, f"{life[key]:.3f}" if key in life else "-", "", "", "", ""))
-    for key, label in (("sleep_bytes", "sleep: bytes released"), ("reserved_freed", "sleep: memory_reserved freed")):
-        rows.append((label, f"{life[key] / 2 ** 20:,.1f} MiB" if key in life else "-", "", "", "", ""))
-    widths = [max(len(str(r[i])) for r in rows) for i in range(6)]
-    for r in rows:
-        print("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
-    for name, r in res.items():
-        if "error" in r:
-            print(f"{name}: {r['error']}")
-    gp = res.get("paged-grpo") or {}
-    if "prefix_hit_tokens" in gp:
-        print(f"grpo shape, paged: {gp['prefill_tokens']:,} tokens prefilled, {gp['prefix_hit_tokens']:,} shared (prefix hits)")
-    print_single(res)
-
-
-def print_single(res: dict) -> None:
-    """The gpu_single.yaml rows: one per mode run."""
-    runs = {k.split("-", 1)[1]: r for k, r in res.items() if k.startswith("single-") and "error" not in r}
-    if not runs:
-        return
-    print(f"\npipelines/gpu_single.yaml, {SINGLE_STEPS} steps, rollout and trainer on one device (medians after step 1)")
-
-    def num(x, fmt):
-        return "-" if x is None else format(x, fmt)
-    rows = [("mode", "ok", "wall s", "step s", "train s", "rollout-only s", "tok/s", "sleep+wake s", "sleeps",
-             "trainer peak GiB", "engine KV tokens", "C1-C3", "lost")]
-    for mode, r in runs.items():
-        rows.append((mode, str(r["ok"]), num(r["wall_s"], ".1f"), num(r["step_s"], ".2f"), num(r["train_s"], ".2f"),
-                     num(r["rollout_only_s"], ".2f"), num(r["step_tok_s"], ",.0f"), num(r["handover_s"], ".3f"),
-                     str(r["sleeps"]), num(r["trainer_peak_gib"], ".1f"), num(r["kv_tokens"], ",d"),
-                     "/".join(str(c) for c in r["c1_c3"]), str(r["lost"])))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
-
-
-def main() -> None:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--dtype", default=None, help="bfloat16 on cuda, float32 on cpu")
-    ap.add_argument("--cap", type=float, default=None, help="seconds a measured run may take (cuda 25, cpu 20)")
-    ap.add_argument("--timeout", type=float, default=None, help="seconds a section's process may take (cuda 120, cpu 90)")
+    ap.add_argument("--budget", type=float, default=420.0, help="seconds for the whole call (default 420)")
+    ap.add_argument("--cap", type=float, default=None, help="seconds a measured run may take (cuda 25, cpu 5)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads on cpu")
     ap.add_argument("--single-timeout", type=float, default=None,
-                    help="seconds a gpu_single.yaml run may take (cuda 110, cpu 240)")
-    ap.add_argument("--only", default=None, help=f"comma-separated sections of {SECTIONS}")
-    ap.add_argument("--json", default=None)
+                    help="seconds a gpu_single.yaml run may take (cuda 110, cpu 90)")
+    ap.add_argument("--only", default=None, help=f"comma-separated sections of {','.join(SECTIONS)}")
+    ap.add_argument("--json", default=None, help="write the results here (after every section)")
     ap.add_argument("--section", default=None, help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     a.dtype = a.dtype or ("bfloat16" if a.device == "cuda" else "float32")
-    a.cap = a.cap or (25.0 if a.device == "cuda" else 20.0)
-    a.timeout = a.timeout or (120.0 if a.device == "cuda" else 90.0)
-    a.single_timeout = a.single_timeout or (110.0 if a.device == "cuda" else 240.0)
-    if a.section:
-        print("RESULT " + json.dumps(run_section(a, a.section)), flush=True)
+    a.cap = a.cap or (25.0 if a.device == "cuda" else 5.0)
+    a.single_timeout = a.single_timeout or (110.0 if a.device == "cuda" else 90.0)
+    return a
+
+
+def chosen(a: argparse.Namespace) -> list[str]:
+    """The sections to run, most important first; exit 2 on a bad --only or a budget too small."""
+    asked = [n.strip() for n in a.only.split(",") if n.strip()] if a.only else SECTIONS
+    unknown = [n for n in asked if n not in SECTIONS]
+    if unknown or not asked:
+        print(f"engine_gpu: unknown section(s) {unknown or a.only!r}; the sections are: {', '.join(SECTIONS)}",
+              file=sys.stderr)
+        sys.exit(2)
+    names = [n for n in SECTIONS if n in asked]
+    first = need(names[0], a.device) + MARGIN_S
+    if a.budget < first:
+        total = sum(need(n, a.device) for n in names) + MARGIN_S
+        print(f"engine_gpu: --budget {a.budget:.0f} s is too small: the first section, {names[0]}, needs about "
+              f"{first:.0f} s on {a.device} (all {len(names)} chosen: about {total:.0f} s)", file=sys.stderr)
+        sys.exit(2)
+    return names
+
+
+def preload() -> None:
+    """What every section imports, imported once here: each section is a fork of this process. (No
+    CUDA call before the fork: a forked child could not initialise CUDA again.)"""
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
+    from dora.ops.engines import torch_engine  # noqa: F401
+
+
+def run_one(a: argparse.Namespace, name: str, limit: float) -> dict:
+    """Run one section in a child process of its own process group, killed whole at `limit` seconds:
+    a fork of this process, or (should an import have initialised CUDA here, which a fork could not
+    use) a fresh interpreter running `--section NAME`."""
+    import torch
+
+    if torch.cuda.is_initialized():
+        cmd = [sys.executable, os.path.abspath(__file__), "--section", name, "--device", a.device, "--dtype", a.dtype,
+               "--cap", str(a.cap), "--threads", str(a.threads), "--single-timeout", str(a.single_timeout)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, start_new_session=True)
+        return _collect(proc.pid, os.dup(proc.stdout.fileno()), limit)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                  # the child: run the section, send its result, exit
+        os.setsid()
+        os.close(read_end)
+        os._exit(_child(a, name, write_end))
+    os.close(write_end)
+    return _collect(pid, read_end, limit)
+
+
+def _collect(pid: int, fd: int, limit: float) -> dict:
+    """The child's last RESULT line, read from `fd` until it closes or `limit` seconds pass."""
+    deadline, chunks = time.monotonic() + limit, []
+    with os.fdopen(fd, "rb") as pipe:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([pipe], [], [], left)[0]:
+                os.killpg(pid, signal.SIGKILL)    # the section and what it started (a `dora run` and its workers)
+                os.waitpid(pid, 0)
+                return {"stopped": f"killed after {limit:.0f} s"}
+            chunk = pipe.read1(1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    _, status = os.waitpid(pid, 0)
+    lines = [ln for ln in b"".join(chunks).decode(errors="replace").splitlines() if ln.startswith("RESULT ")]
+    if not lines:
+        return {"error": f"the section's process ended (wait status {status}) without a result"}
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def _child(a: argparse.Namespace, name: str, fd: int) -> int:
+    """Run section `name`; write "RESULT <json>" to fd (its error, if it raised); the exit code."""
+    try:
+        from benchmarks.engine_gpu_sections import run_section
+        result, code = run_section(a, name), 0
+    except BaseException as e:                    # reported, never raised: a section fails alone
+        traceback.print_exc()
+        result, code = {"error": f"{type(e).__name__}: {str(e)[:300]}"}, 1
+    data = ("RESULT " + json.dumps(result) + "\n").encode()
+    while data:
+        data = data[os.write(fd, data):]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+def write(a: argparse.Namespace, res: dict, t0: float) -> None:
+    if not a.json:
         return
-    names = a.only.split(",") if a.only else SECTIONS
-    unknown = sorted(set(names) - set(SECTIONS))
-    if unknown:
-        sys.exit(f"engine_gpu: unknown sections {unknown}; known: {SECTIONS}")
+    doc = {"device": a.device, "dtype": a.dtype, "budget_s": a.budget, "cap_s": a.cap,
+           "elapsed_s": time.perf_counter() - t0, "results": res}
+    tmp = a.json + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=2)
+    os.replace(tmp, a.json)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    if a.section:                                 # (run_one's fallback: one section in a fresh interpreter)
+        return _child(a, a.section, sys.stdout.fileno())
+    names = chosen(a)
     t0, res = time.perf_counter(), {}
+    preload()
     for name in names:
-        res[name] = spawn(a, name)
+        left = a.budget - MARGIN_S - (time.perf_counter() - t0)
+        if left < need(name, a.device):
+            res[name] = {"skipped": f"needs about {need(name, a.device):.0f} s, {max(0.0, left):.0f} s of the budget left"}
+        else:
+            started = time.perf_counter()
+            res[name] = {**run_one(a, name, left), "section_s": time.perf_counter() - started}
         print(f"[{time.perf_counter() - t0:6.0f} s] {name}: {json.dumps(res[name])}", flush=True)
-    print_table(res, a)
-    print(f"total {time.perf_counter() - t0:.0f} s")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"device": a.device, "dtype": a.dtype, "cap": a.cap, "results": res}, f, indent=2)
+        write(a, res, t0)
+    from benchmarks.engine_gpu_table import print_tables
+    print_tables(res, a.device)
+    print(f"total {time.perf_counter() - t0:.0f} s of a {a.budget:.0f} s budget")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -36,6 +36,9 @@ def test_quickstart_sync_writes_every_artifact(tmp_path):
     check_accounting(run, steps, tb)
     check_ledger(run, steps, tb, group_size=4, max_staleness=0)
     assert run.summary["staleness_max"] == 0 and run.summary["c1_violations"] == 0
+    # a group computes its prompt once (prompts of ~4 tokens: the tail copied, not a shared block)
+    hits, computed = (sum(r[k] for r in run.metrics) for k in ("prefix_hit_tokens", "prefill_tokens"))
+    assert hits >= (hits + computed) / 2 and all(r["kv_blocks_free"] > 0 for r in run.metrics), run.metrics
     # sync: a batch barrier, never more than one batch generated ahead of the trainer
     assert run.accounting["dispatched"] - run.accounting["trained"] <= tb, run.accounting
     check_trace(run)

@@ -126,6 +126,7 @@ def valid_graphs(draw) -> Graph:
                                                   {"max_turns": 3, "tools": [{"name": "search", "top_k": 2}],
                                                    "max_tokens": 16, "max_total_tokens": 64,
                                                    "observation_template": "<{observation}>"}]))},
+             "reward": {"sources": []},   # a list whose items the op checks (reward_sources.py): one fn here
              "advantage": {"estimator": "gae" if with_critic else draw(st.sampled_from(["grpo", "rloo"])),
                            "kl_coef": draw(st.sampled_from([0.0, 0.01])) if with_ref else 0.0},
              "update": {"kl_coef": draw(st.sampled_from([0.0, 0.05])) if with_ref else 0.0, "weight_sync": sync,
@@ -144,6 +145,12 @@ def valid_graphs(draw) -> Graph:
         params.update(fixed.get(op, {}))
         if op == "generate" and engine != "torch":
             params.pop("kv_cache_gb", None)   # the torch engine's setting: vllm refuses it (generate.check_params)
+        # prompts must fit the context (512: the tiny model's) with max_tokens beside them on vllm, and a
+        # dataset's max_prompt_tokens within that (dora/graph/prompt_limits.py)
+        if op == "generate" and params.get("max_tokens"):
+            params["max_tokens"] = min(params["max_tokens"], 448)
+        if op == "dataset" and params.get("max_prompt_tokens"):
+            params["max_prompt_tokens"] = min(params["max_prompt_tokens"], 64)
         pool = "gen" if op == "generate" else "learn" if op in ("update", "critic", "reference") else None
         # generate: data-parallel replicas, a TP group each on vllm; update/critic/reference: ranks of one group
         devices = draw(st.integers(1, 2)) if op == "generate" and params.get("engine") == "vllm" else 1

@@ -1,7 +1,8 @@
 """What dora validate and dora run say about the sandbox before anything runs
 (dora/ops/tools/sandbox_check.py): no bubblewrap -> exit 2 naming the package, for a python tool and
-a code_exec reward alike; `sandbox: interpreter_only` -> a warning; a package that does not exist
-and a mistyped code_exec param -> an error at the file:line that declares it."""
+a code_exec reward (its fn or a weighted source's) alike; `sandbox: interpreter_only` -> a warning;
+a package that does not exist and a mistyped code_exec param -> an error at the file:line that
+declares it."""
 
 from __future__ import annotations
 
@@ -38,13 +39,17 @@ def no_bwrap(monkeypatch):
     sandbox.unavailable.cache_clear()
 
 
-@pytest.mark.parametrize("uses", ["tool", "code_exec"])
+CODE_SOURCE = ("    params:\n      sources:\n        - {name: task, fn: synthetic}\n"
+               "        - {name: code, fn: code_exec, weight: 0.5, params: {case_timeout_s: 1.0}}\n")
+
+
+@pytest.mark.parametrize("uses", ["tool", "code_exec", "code_exec source"])
 def test_without_bubblewrap_validate_and_run_exit_2_naming_the_package(no_bwrap, uses, capsys, tmp_path):
     if uses == "tool":
         pipeline, _ = _pipeline(tmp_path)
-    else:   # single-turn, no tools: only the reward needs the sandbox
+    else:   # single-turn, no tools: only the reward needs the sandbox (its fn, or one of its weighted sources)
         pipeline = str(tmp_path / "p.yaml")
-        open(pipeline, "w").write(QUICKSTART.replace(REWARD, CODE_REWARD))
+        open(pipeline, "w").write(QUICKSTART.replace(REWARD, CODE_REWARD if uses == "code_exec" else CODE_SOURCE))
     assert main(["validate", pipeline]) == 2
     err = capsys.readouterr().err
     assert "package `bubblewrap`" in err and "apt-get install bubblewrap" in err, err

@@ -88,6 +88,13 @@ def test_dry_run_shows_rollout_and_trainer_on_gpu_0_without_a_gpu(capsys, monkey
     assert "this machine has 0" in out
     assert run_main([str(GPU_SINGLE), "--backend", "ray", "--dry-run"]) == 2
     assert "local backend only" in capsys.readouterr().err
+    # run without a GPU: refused before anything starts, with the override that tries it on the CPU
+    assert run_main([str(GPU_SINGLE), "--out", "/nonexistent/never-made"]) == 2
+    err = capsys.readouterr().err
+    assert "To try it on this machine's CPU, override: pools.gpu.device=cpu" in err and "Traceback" not in err, err
+    from dora.graph.diagnostics import errors_of
+    from dora.graph.validate import check_file
+    assert errors_of(check_file(str(GPU_SINGLE), ["pools.gpu.device=cpu"])[1]) == []   # and that override validates
 
 
 def test_plan_says_which_replicas_share_the_trainers_devices():
@@ -134,7 +141,7 @@ def test_engine_sizes_its_kv_from_the_share_and_refuses_one_too_small(monkeypatc
     model = _llama()
     per_block = 2 * 2 * 16 * 2 * 16 * 4    # K and V x layers x block of 16 x KV heads x head dim x fp32 bytes
     whole = TorchEngine(model, max_batch=8, max_seq_len=256)
-    assert whole.budget == 8 * 16                                          # no share: max_batch requests of 256
+    assert whole.budget == 8 * 16 * 5 // 4                                 # no share: max_batch requests of 256, +25%
     share = 0.01                                                           # 671 KB of the host, less the weights
     eng = TorchEngine(model, max_batch=8, max_seq_len=256, memory_fraction=share)
     expect = (int(64 * 2 ** 20 * share) - eng.weight_bytes()) // per_block
@@ -152,7 +159,7 @@ def test_generate_passes_the_replicas_share_to_its_engine(monkeypatch):
     cfg = {"arch": "llama", "hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 128, "max_positions": 256}
     whole, _ = make_engine(params, cfg)
     shared, _ = make_engine(params, cfg, memory=0.01)
-    assert shared.budget < whole.budget == 8 * 16
+    assert shared.budget < whole.budget == 8 * 16 * 5 // 4
 
 
 # ---------------------------------------------------------------- a real run: sync sleeps the sharing replica

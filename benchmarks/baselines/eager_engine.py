@@ -249,7 +249,7 @@ class EagerEngine(Engine):
         self.needs_weights = False
 
     # ------------------------------------------------------------ sleep / wake (async.elastic)
-    def sleep(self) -> int:
+    def sleep(self, keep_graphs: bool = False) -> int:   # (no graphs to keep: a full sleep either way)
         """Release every parameter's storage and the KV cache (on CUDA the allocator's cache too, so
         the memory really goes back to the trainer sharing the device). Buffers that are not weights
         (rotary tables: kilobytes) stay. Tied parameters are one tensor, released once."""

@@ -47,14 +47,15 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
-from dora.graph.builtin_ops import MULTITURN_COLUMNS, PARKED_KV_COUNTERS
+from dora.graph.builtin_ops import ENGINE_COUNTERS, ENGINE_GAUGES, MULTITURN_COLUMNS
 from dora.graph.columns import COLUMNS
 from dora.ops.base import Operator, OpContext, WithBuffers
 from dora.ops.engines.engine import Completion, Engine, SamplingRequest, states_from_wire, states_to_wire
 from dora.ops.multiturn.agent_loop import AgentLoop, event_fields, trajectory_columns
-from dora.ops.tools.tool_parsers import stop_parser_problem
-from dora.ops.tools.tool_registry import tools_problems
+from dora.ops.generate_settings import check_params, devices_problem   # (the declarations name them there)
 from dora.ops.weights.broadcast import WeightReceiver
+
+__all__ = ["GenerateOp", "check_params", "devices_problem", "make_engine", "stop_token_ids"]
 
 OUTPUT_COLUMNS = ("response_ids", "response_text", "behavior_logprobs", "token_versions", "policy_version",
                   "finish_reason")
@@ -84,14 +85,14 @@ class GenerateOp(Operator):
         self.out_columns = OUTPUT_COLUMNS + (MULTITURN_COLUMNS if self.agent is not None else ())
         self.in_fields: dict[str, pa.Field] = {}   # pass-through columns seen so far, in order
         self.in_flight: set[str] = set()           # uids submitted or imported here, not yet finished or handed on
-        self.kv_reported = dict.fromkeys(PARKED_KV_COUNTERS, 0)
+        self.counters_reported = dict.fromkeys(ENGINE_COUNTERS, 0)
         self.waits_reported: set[str] = set()      # uids in a tool wait at the last `tool_waits` event
         if p["weight_sync"] == "broadcast" and not ctx.run_dir:
             raise ValueError(f"{ctx.label}: weight_sync: broadcast needs a run_dir (the rendezvous file is there)")
         self.receiver = None
         if p["weight_sync"] == "broadcast" and not ctx.elastic_spare:
             keep = ctx.async_.max_staleness + 2
-            self.receiver = WeightReceiver(ctx.run_dir, ctx.replica + 1, ctx.device, keep=keep, label=ctx.label)
+            self.receiver = WeightReceiver(ctx.files_dir, ctx.replica + 1, ctx.device, keep=keep, label=ctx.label)
         self.loads_by_source = {"file": 0, "broadcast": 0}
         if ctx.restore and ctx.restore.get("sampling_state"):
             self.engine.set_sampling_state(ctx.restore["sampling_state"])
@@ -137,7 +138,7 @@ class GenerateOp(Operator):
         by_version: dict[int, list] = {}
         for c in done:
             by_version.setdefault(c.version, []).append(c)
-        kv = self._kv_deltas() if self.agent is not None else {}
+        engine = self._engine_report()
         hosted = self.engine.hosted_versions()
         for v, cs in by_version.items():
             # distinct token versions and lengths ride along so the orchestrator can check C1
@@ -146,8 +147,9 @@ class GenerateOp(Operator):
                      "token_versions": [sorted(set(c.token_versions)) for c in cs],
                      "response_tokens": [len(c.response_ids) for c in cs], "hosted": hosted}
             if self.agent is not None:
-                event.update(event_fields(cs), **kv)
-                kv = dict.fromkeys(kv, 0)   # (counted once per poll)
+                event.update(event_fields(cs))
+            event.update(engine)
+            engine.update(dict.fromkeys(ENGINE_COUNTERS, 0))   # (counted once per poll)
             self.ctx.report(event)
         return [self.rows(done)]
 
@@ -160,12 +162,13 @@ class GenerateOp(Operator):
             self.ctx.report({"kind": "tool_waits", "waiting": len(now), "started": sorted(now - old),
                              "ended": sorted(old - now)})
 
-    def _kv_deltas(self) -> dict[str, int]:
-        """The engine's parked-KV counters since the last report (the driver sums them per step)."""
+    def _engine_report(self) -> dict[str, int]:
+        """The engine's counters since the last report and its gauges now (the driver's ledger puts
+        them in each step's metrics)."""
         st = self.engine.stats().to_dict()
-        now = {k: int(st.get(k, 0)) for k in PARKED_KV_COUNTERS}
-        last, self.kv_reported = self.kv_reported, now
-        return {k: now[k] - last[k] for k in PARKED_KV_COUNTERS}
+        now = {k: int(st.get(k, 0)) for k in ENGINE_COUNTERS}
+        last, self.counters_reported = self.counters_reported, now
+        return {**{k: now[k] - last[k] for k in ENGINE_COUNTERS}, **{k: int(st.get(k, 0)) for k in ENGINE_GAUGES}}
 
     def rows(self, done: list[Completion]) -> pa.RecordBatch:
         out = []
@@ -269,12 +272,13 @@ class GenerateOp(Operator):
             out["tool_failures"] = self.agent.tool_failures()
         return out
 
-    def sleep(self) -> dict[str, Any]:
-        """Release the KV cache and the weights (only when nothing is in flight here)."""
+    def sleep(self, keep_graphs: bool = False) -> dict[str, Any]:
+        """Release the KV cache and the weights (only when nothing is in flight here); keep_graphs:
+        keep what the engine's captured graphs point to (TorchEngine.sleep)."""
         t0 = time.perf_counter()
         if self.in_flight:
             raise RuntimeError(f"{self.ctx.label}: sleep() with {len(self.in_flight)} requests in flight; export them first")
-        freed = self.engine.sleep()
+        freed = self.engine.sleep(keep_graphs=bool(keep_graphs))
         return {"seconds": time.perf_counter() - t0, "bytes": freed}
 
     def wake(self) -> dict[str, Any]:
@@ -296,44 +300,6 @@ class GenerateOp(Operator):
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.close()
-
-
-def check_params(p: dict[str, Any]) -> list[tuple[str, str]]:
-    """Rules across generate's params (dora validate runs them; see OpSpec.check)."""
-    if p["weight_sync"] == "broadcast" and p["engine"] != "torch":
-        return [("weight_sync", "weight_sync: broadcast needs engine: torch (vllm loads weights from files)")]
-    if p["kv_cache_gb"] is not None and p["engine"] != "torch":
-        return [("kv_cache_gb", "kv_cache_gb sizes the torch engine's KV pool; vllm sizes its own")]
-    return multiturn_problems(p)
-
-
-def multiturn_problems(p: dict[str, Any]) -> list[tuple[str, str]]:
-    """Tools and turns: every tool declaration checked (keys name the list entry: file:line)."""
-    problems = tools_problems(p["tools"])
-    if problems:
-        return problems
-    if p["tools"] and p["max_turns"] < 2:
-        return [("max_turns", f"tools are declared but max_turns is {p['max_turns']}: the model would never read a "
-                              "tool's output (set max_turns >= 2)")]
-    if not p["tools"] and p["max_turns"] > 1:
-        return [("max_turns", f"max_turns {p['max_turns']} needs tools: without a tool call a trajectory is one turn")]
-    if p["tools"] and "{observation}" not in p["observation_template"]:
-        return [("observation_template", "observation_template must contain {observation} (where the tool output goes)")]
-    if p["tools"] and p["tool_parser"] == "stop" and stop_parser_problem([d["name"] for d in p["tools"]], p["stop"]):
-        return [("tool_parser", stop_parser_problem([d["name"] for d in p["tools"]], p["stop"]))]
-    if p["tools"] and p["max_total_tokens"] < p["max_tokens"]:
-        return [("max_total_tokens", f"max_total_tokens {p['max_total_tokens']} is below max_tokens {p['max_tokens']} "
-                                     "(one turn could not use its own limit)")]
-    return []
-
-
-def devices_problem(p: dict[str, Any], devices: int) -> str | None:
-    """A generate replica with devices > 1 is a tensor-parallel group: only vLLM shards a model so
-    (tensor_parallel_size = devices); the torch engine runs a replica on one device."""
-    if devices > 1 and p["engine"] != "vllm":
-        return (f"devices: {devices} asks for tensor parallelism, which engine {p['engine']!r} cannot do "
-                "(it runs a replica on one device); use engine: vllm, or devices: 1 and more replicas")
-    return None
 
 
 def stop_token_ids(stop: list[str], tokenizer, label: str) -> list[int]:

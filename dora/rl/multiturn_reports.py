@@ -4,9 +4,9 @@
 waiting on a tool goes to the rollout controller (the orchestrator does not count them as decoding
 load), and each wait becomes a span in trace.json ("rollout" process, row "<replica> tools"),
 from the event that saw it start to the one that saw it end (or the trajectory leave the replica).
-`finished` events of multi-turn replicas carry per-poll deltas of the engine's parked-KV counters
-(parked_dropped, continuation_reprefill_tokens), summed into the step's metrics by the ledger, and
-each trajectory's turns: appended to RUN_DIR/turn_trace.jsonl, one {"prompt_tokens": N, "turns":
+`finished` events carry the engine's counters (per-poll deltas) and gauges (ENGINE_COUNTERS,
+ENGINE_GAUGES of dora/graph/builtin_ops.py), which the ledger puts in the step's metrics; those of
+multi-turn replicas also carry each trajectory's turns: appended to RUN_DIR/turn_trace.jsonl, one {"prompt_tokens": N, "turns":
 [[generated tokens, tool wait s, tool output tokens], ...]} per line, the format `dora simulate
 --trace FILE` replays (dora/sim/workloads.py TraceWorkload).
 """
@@ -37,7 +37,7 @@ class MultiTurnReports:
 
     def on_event(self, replica: str, ev: dict[str, Any], rc) -> None:
         if ev.get("kind") == "finished" and rc is not None:
-            rc.ledger.count_kv(ev)
+            rc.ledger.count_engine(replica, ev)
         if ev.get("kind") == "finished" and self.turn_trace and "turn_trace" in ev:
             with open(self.turn_trace, "a", encoding="utf-8") as f:
                 for p, turns in zip(ev["prompt_tokens"], ev["turn_trace"]):

@@ -59,12 +59,13 @@ class ReplicaInstance:
         if isinstance(reply, dict) and reply.get("hosted") is not None:
             self.hosted = tuple(int(v) for v in reply["hosted"])
 
-    def sleep(self) -> int:
+    def sleep(self, keep_graphs: bool = False) -> int:
         """Hand the device's memory back (the engine's KV and weights; nothing may be in flight here):
-        it then holds no version. Bytes released."""
+        it then holds no version. keep_graphs: keep what the engine's captured graphs point to (its
+        memory share is its own). Bytes released."""
         clock = self.driver.clock
         t0 = clock.now()
-        got = self._call("sleep", {}) or {}
+        got = self._call("sleep", {"keep_graphs": keep_graphs} if keep_graphs else {}) or {}
         self.version, self.hosted = None, ()
         self.driver.trace.span("rollout", self.name, "sleep", t0, clock.now(), bytes=got.get("bytes"))
         return int(got.get("bytes") or 0)

@@ -6,9 +6,11 @@ In a mode with K = 0 (sync) nothing is generated while the trainer steps: the ne
 dispatched only once the version it trains on is published. So those replicas hand the device's
 memory to the trainer for the step:
 
-    before the step   right before the batch is sent, each sharing replica sleeps (the engine
-                      releases its KV and weights, on CUDA the graphs and the allocator's cache);
-                      it holds no version then
+    before the step   right before the batch is sent, each sharing replica sleeps; it holds no
+                      version then. The trainer's allocator is capped at its own share, so the
+                      engine keeps what its captured CUDA graphs point to (weights, KV tensor) and
+                      the graphs survive: nothing is captured again at the next version (on CPU, with
+                      no graphs, it releases its KV and weights)
     at the publish    each wakes (allocates its weights' memory), then the rollout controller hears
                       of the new version and loads it on every idle instance that holds another
                       (BatchPolicy.on_published) before it dispatches the next batch
@@ -68,7 +70,7 @@ class SharedDevices:
             if d.rc.manager.on_instance.get(inst.name):
                 self.totals.skipped_busy += 1
                 continue
-            self.totals.bytes_released += inst.sleep()
+            self.totals.bytes_released += inst.sleep(keep_graphs=True)
             self.asleep.add(inst.name)
             self.totals.sleeps += 1
         self.totals.sleep_s += d.clock.now() - t0

@@ -15,7 +15,10 @@ kept in RUN_DIR/state.json, so the live page and `dora dashboard RUN_DIR` read t
      "timeline": {now, rows: [{name, segments [[t0, t1, v]], loads [[t, v]],
                                migrations [[t, v, +in/-out requests, peers]]}], versions}
      "steps":    [{step, policy_version, reward_mean, tokens_per_s, staleness_max, staleness_mean,
-                   step_time_s, rollout_only_s, rollout_only_share, versions_live, wall_s}]}
+                   step_time_s, rollout_only_s, rollout_only_share, versions_live, wall_s, turns_mean,
+                   tool_wait_s, prefill_tokens, prefix_hit_tokens, kv_blocks_used, kv_blocks_free}]}
+A run of several policies (dora/graph/policies.py) adds `policy` to each step (its keys unprefixed)
+and to each timeline row: the page draws a curve per policy and labels the rows.
 
 Everything comes from the run's own state: the workers' live counters (out edges, op
 live_stats) riding on their heartbeats, the controller's view of each worker, the rollout
@@ -40,17 +43,23 @@ WRITE_EVERY_S = 2.0       # RUN_DIR/state.json, for `dora dashboard RUN_DIR` on 
 RATE_WINDOW_S = 3.0       # edge and token rates: counts over the last few seconds
 MAX_STEPS = 2000          # longer runs are thinned evenly (the last step always kept)
 STEP_KEYS = ("step", "policy_version", "reward_mean", "tokens_per_s", "staleness_max", "staleness_mean",
-             "step_time_s", "rollout_only_s", "versions_live", "wall_s", "turns_mean", "tool_wait_s")
+             "step_time_s", "rollout_only_s", "versions_live", "wall_s", "turns_mean", "tool_wait_s",
+             "prefill_tokens", "prefix_hit_tokens", "kv_blocks_used", "kv_blocks_free")
 
 
 def steps_section(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The curves' data from metrics.jsonl records (rollout_only_share = rollout_only_s / step_time_s)."""
+    """The curves' data from metrics.jsonl records (rollout_only_share = rollout_only_s / step_time_s).
+    A run of several policies: each step of each policy, its keys unprefixed and `policy` naming it."""
     if len(records) > MAX_STEPS:
         stride = len(records) / MAX_STEPS
         records = [records[int(i * stride)] for i in range(MAX_STEPS - 1)] + [records[-1]]
     out = []
     for r in records:
-        s = {k: r.get(k) for k in STEP_KEYS}
+        policy = r.get("policy")
+        if isinstance(policy, str):
+            r = {"policy": policy, "step": r.get("step"), **{k[len(policy) + 1:]: v for k, v in r.items()
+                                                            if k.startswith(f"{policy}/")}}
+        s = {k: r.get(k) for k in STEP_KEYS + (("policy",) if isinstance(policy, str) else ())}
         st, ro = r.get("step_time_s"), r.get("rollout_only_s")
         s["rollout_only_share"] = ro / st if isinstance(st, (int, float)) and st > 0 and isinstance(ro, (int, float)) else None
         out.append(s)
@@ -130,6 +139,9 @@ class RunState:
         self.started_at = time.time()
         self.rates = Rates(self.t0)
         self.seen_at: dict[str, float] = {}      # worker label -> live_at of the last sample taken
+        # a respawned replica's process counts from 0: what its predecessors sent stays in the edge's total
+        self.last_out: dict[str, tuple[Any, dict[str, list[int]]]] = {}   # label -> (its record, out counts)
+        self.carried: dict[tuple[str, str], list[int]] = collections.defaultdict(lambda: [0, 0, 0])
         self.timeline = Timeline()
         self.due = self.write_due = 0.0
         self.status = "starting"
@@ -196,27 +208,25 @@ class RunState:
             by_node[w.node].append(w)
         out = []
         g = self.graph
+        outs = {w.label: self._out_counts(w) for w in workers}
         for fe in self.fig["edges"]:
             e = dict(fe)
             if fe["kind"] == "data":
                 edge = self.edge_of[fe["id"]]
-                tot, rate, queued = [0, 0, 0], [0.0, 0.0, 0.0], 0
+                tot, rate, queued = list(self.carried[(edge.src, edge.label)]), [0.0, 0.0, 0.0], 0
                 for w in by_node.get(edge.src, []):
-                    c = ((w.live or {}).get("out") or {}).get(edge.label)
-                    final = (w.stats.get("out") or {}).get(edge.label) if w.state == "finished" else None
-                    if isinstance(final, dict):   # a finished replica reported its exact totals
-                        c = [final.get("batches", 0), final.get("rows", 0), final.get("bytes", 0), 0]
-                    if isinstance(c, list) and len(c) == 4:
-                        tot = [a + int(b or 0) for a, b in zip(tot, c[:3])]
-                        queued += int(c[3] or 0)
+                    c = outs.get(w.label, {}).get(edge.label)
+                    if c is not None:
+                        tot = [a + b for a, b in zip(tot, c[:3])]
+                        queued += c[3]
                     r = self.rates.rate((w.label, edge.label), now)
                     if r:
                         rate = [a + b for a, b in zip(rate, r)]
                 e.update(batches=tot[0], rows=tot[1], bytes=tot[2], batches_per_s=round(rate[0], 3),
                          rows_per_s=round(rate[1], 2), mb_per_s=round(rate[2] / 1e6, 4), queued=queued,
                          window=edge.capacity * g.nodes[edge.src].replicas)
-            else:
-                d = self.driver
+            else:   # (a run of several policies: the driver of the policy whose trainer publishes on it)
+                d = (getattr(self.driver, "drivers", None) or {}).get(fe["src"], self.driver)
                 published = sorted(getattr(d, "weight_paths", {}) or {})
                 sync = getattr(d, "weight_sync", {}) or {}
                 last = published[-1] if published else None
@@ -225,6 +235,25 @@ class RunState:
                          loads=getattr(d, "weight_loads", 0))
             out.append(e)
         return out
+
+    def _out_counts(self, w: Any) -> dict[str, list[int]]:
+        """Per out edge [batches, rows, bytes, queued] of replica w: its exact totals once finished,
+        else its latest live counters; a predecessor's last counts (w was respawned) carried over."""
+        counts = {}
+        live = (w.live or {}).get("out")
+        for edge, c in (live.items() if isinstance(live, dict) else ()):
+            if isinstance(c, list) and len(c) == 4:
+                counts[edge] = [int(x or 0) for x in c]
+        for edge, final in ((w.stats.get("out") or {}).items() if w.state == "finished" else ()):
+            if isinstance(final, dict):
+                counts[edge] = [int(final.get(k, 0) or 0) for k in ("batches", "rows", "bytes")] + [0]
+        before, seen = self.last_out.get(w.label, (w, {}))
+        if before is not w:
+            for edge, c in seen.items():
+                self.carried[(w.node, edge)] = [a + b for a, b in zip(self.carried[(w.node, edge)], c[:3])]
+            seen = {}
+        self.last_out[w.label] = (w, counts or seen)
+        return counts
 
     def _replicas(self, ctrl: Any, workers: list[Any], now: float) -> list[dict[str, Any]]:
         failure = getattr(ctrl, "failure", None) if ctrl is not None else None
@@ -250,15 +279,25 @@ class RunState:
         return out
 
     def _timeline(self) -> dict[str, Any]:
+        """The version timeline of the generate replicas: in a run of several policies, every policy's
+        replicas, each row naming its policy (versions are per policy)."""
         d = self.driver
-        rc = getattr(d, "rc", None)
         if d is None:
             return {"now": 0.0, "rows": [], "versions": []}
         self.timeline.feed(d.trace.events)
-        instances = rc.manager.instances if rc is not None else {}
-        names = list(instances) or [f"{d.roles.generate}[{r}]" for r in range(self.graph.nodes[d.roles.generate].replicas)]
-        hosting = {n: i.version for n, i in instances.items()} if instances else {n: 0 for n in names}
-        return self.timeline.section(names, d.clock.now(), hosting)
+        names, hosting, policy = [], {}, {}
+        for u, one in (getattr(d, "drivers", None) or {None: d}).items():
+            rc = getattr(one, "rc", None)
+            instances = rc.manager.instances if rc is not None else {}
+            mine = list(instances) or [f"{one.roles.generate}[{r}]" for r in range(self.graph.nodes[one.roles.generate].replicas)]
+            hosting.update({n: i.version for n, i in instances.items()} if instances else {n: 0 for n in mine})
+            names += mine
+            policy.update({n: u for n in mine})
+        section = self.timeline.section(names, d.clock.now(), hosting)
+        if any(policy.values()):
+            for row in section["rows"]:
+                row["policy"] = policy.get(row["name"])
+        return section
 
 
 def _state(w: Any, op: dict[str, Any], failure: Any, now: float, live_s: float) -> str:

@@ -103,6 +103,8 @@ class EngineStats:
     continuation_reprefill_tokens: int = 0   # context a continuation prefilled again: its parked KV was
                                      # gone (dropped, released on a migration) or of another version
     preempted: int = 0               # running requests sent back to the queue for want of KV blocks
+    graph_captures: int = 0          # decode graphs captured (CUDA graphs, one per batch size and weight slot):
+                                     # flat once warm, across weight loads and sleeps that keep the graphs
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -176,10 +178,11 @@ class Engine(abc.ABC):
     def set_sampling_state(self, state: bytes) -> None:
         raise NotImplementedError(f"{type(self).__name__} cannot restore a sampling state")
 
-    def sleep(self) -> int:
+    def sleep(self, keep_graphs: bool = False) -> int:
         """Hand the device memory back (async.elastic): drop the KV cache and the weights; only when
         idle. Returns the bytes released. After wake() the engine holds room for weights but none
-        that count: it generates nothing until load_weights()."""
+        that count: it generates nothing until load_weights(). keep_graphs: keep what captured
+        graphs point to (the memory share is this replica's own; see TorchEngine.sleep)."""
         raise NotImplementedError(f"{type(self).__name__} cannot sleep (async.elastic needs an engine that can)")
 
     def wake(self) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from .engine import Completion, Engine, EngineStats, SamplingRequest, SequenceState
-from .paged import hf_weights as W
+from .paged import hf_weights as W, sleep_wake
 from .paged.blocks import BlockPool
 from .paged.checks import check_kv, check_request
 from .paged.kv_budget import budget_blocks, initial_blocks
@@ -61,11 +61,13 @@ class TorchEngine(Engine):
                                     weight_copies=self.max_versions)
         self.sched = Scheduler(BlockPool(2, self.block_size), max_batch=self.max_batch,
                                max_prefill_tokens=int(max_prefill_tokens), version_of=lambda i: self.runner.slots[i].version,
-                               grow=self._grow, write_kv=self._write_kv)
-        self._allocate_kv()
+                               grow=self._grow, write_kv=self._write_kv,
+                               copy_kv=lambda src, dst, n: self.runner.kv.copy_slots(src, dst, n))
+        self.allocate_kv()
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.generated_tokens = 0
-        self.asleep = False                # sleep(): weights and KV released
+        self.asleep = False                # sleep(): weights and KV released (or kept, with the graphs)
+        self.kept_memory = False           # asleep, the graphs and what they point to kept
         self.needs_weights = False         # woken: weights allocated, not loaded yet
 
     # ------------------------------------------------------------------ requests in
@@ -212,33 +214,25 @@ class TorchEngine(Engine):
         """An older version whose last request here left goes (paged/weight_slots.py)."""
         self.slots.retire_idle(self.sched, self.keep_versions())
 
-    def sleep(self) -> int:
-        """Release the weights and the KV cache (on CUDA the captured graphs and the allocator's
-        cache too, so the memory really goes back); parked requests are dropped."""
-        if self.has_work():
-            raise RuntimeError(f"torch engine: sleep() with {self.sched.active} running and {len(self.sched.waiting)} "
-                               "queued requests; export them first")
-        if self.asleep:
-            return 0
-        while self.sched.parked:
-            self.sched.drop_oldest_parked()
-        self.runner.drop_graphs()
-        freed = self.slots.release_all() + self.runner.kv.release()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        self.asleep = True
-        return freed
+    def sleep(self, keep_graphs: bool = False) -> int:
+        """Hand the memory back, only when idle; keep_graphs: keep what the captured graphs point to
+        (paged/sleep_wake.py says what goes and what stays). Returns the bytes released."""
+        return sleep_wake.sleep(self, keep_graphs)
 
     def wake(self) -> int:
-        """Allocate the weights and the KV cache again (weights undefined until load_weights)."""
-        if not self.asleep:
-            return 0
-        allocated = W.allocate(self.runner.slots[0].model, self.runner.shapes)
-        self._allocate_kv()
-        self.asleep, self.needs_weights = False, True
-        return allocated + self.runner.kv.nbytes
+        """Take the memory again (weights undefined until load_weights); the bytes allocated."""
+        return sleep_wake.wake(self)
 
-    def _allocate_kv(self) -> None:
+    def warm_up(self) -> None:
+        """Capture the decode graphs of every hosted version and compile the attention kernel's
+        variants now, instead of at the first requests (benchmarks time no compile this way)."""
+        self._check_awake("warm_up")
+        if self.has_work():
+            raise RuntimeError("torch engine: warm_up() with requests in flight")
+        self.runner.warm_up(self.sched.pool)
+
+    def allocate_kv(self) -> None:
+        """A fresh KV tensor of the budget's initial size and an empty block pool over it."""
         blocks = 1 + initial_blocks(self.device, self.budget)
         self.runner.kv = KVCache(self.spec, self.block_size, blocks, self.dtype, self.device)
         self.sched.pool = BlockPool(blocks, self.block_size)
@@ -272,7 +266,9 @@ class TorchEngine(Engine):
         self.generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
 
     def stats(self) -> EngineStats:
-        return self.sched.stats(budget=self.budget, version=self.version, generated_tokens=self.generated_tokens)
+        st = self.sched.stats(budget=self.budget, version=self.version, generated_tokens=self.generated_tokens)
+        st.graph_captures = self.runner.graph_captures
+        return st
 
 
 def _by_slot(items: list, slot_of, slots: int) -> dict[int, list]:

@@ -32,12 +32,21 @@ def generate_host_problems(params: dict[str, Any]) -> list[tuple[str, str, str]]
 
 
 def reward_host_problems(params: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """fn code_exec: its params, then its sandbox."""
-    if params.get("fn") != "code_exec":
-        return []
+    """Each code_exec reward (fn, or a weighted source's fn; sources are already checked): its
+    params, then its sandbox."""
+    uses = [("params", params.get("params") or {})] if params.get("fn") == "code_exec" else []
+    uses += [(f"sources.{i}.params", s.get("params") or {}) for i, s in enumerate(params.get("sources") or [])
+             if isinstance(s, dict) and s.get("fn") == "code_exec"]
+    out = []
+    for key, p in uses:
+        out += _code_exec_problems(p, key)
+    return out
+
+
+def _code_exec_problems(params: dict[str, Any], key: str) -> list[tuple[str, str, str]]:
     from dora.ops.tools.code_exec import params_problems
 
-    problems = params_problems(params.get("params") or {})
+    problems = params_problems(params)
     if problems:
-        return [(f"params.{k}" if k else "params", "error", m) for k, m in problems]
-    return sandbox_problems((params.get("params") or {}).get("sandbox", "bwrap"), "params", "reward fn 'code_exec'")
+        return [(f"{key}.{k}" if k else key, "error", m) for k, m in problems]
+    return sandbox_problems(params.get("sandbox", "bwrap"), key, "reward fn 'code_exec'")

@@ -13,7 +13,7 @@ import collections
 import dataclasses
 from typing import Any, Sequence
 
-from dora.graph.builtin_ops import PARKED_KV_COUNTERS
+from dora.graph.builtin_ops import ENGINE_COUNTERS, ENGINE_GAUGES
 from dora.observe.trace import TraceWriter
 from .transfer_queue import TransferQueue
 from .types import Request, Trajectory
@@ -44,6 +44,11 @@ class StepMetrics:
     wait_count_s: float = 0.0      # ... fewer than TBS complete: the trainer waited for throughput
     parked_dropped: int = 0        # multi-turn: parked KV dropped for memory during the interval
     continuation_reprefill_tokens: int = 0   # ... and the context prefilled again because of it
+    prefill_tokens: int = 0        # the engines' tokens prefilled during the interval (prefix hits not included)
+    prefix_hit_tokens: int = 0     # ... and prompt tokens found in their prefix caches instead
+    kv_blocks_used: int = 0        # the engines' KV blocks, summed over replicas (each as last reported)
+    kv_blocks_free: int = 0
+    graph_captures: int = 0        # decode graphs the engines captured so far (flat once warm)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -71,7 +76,8 @@ class Ledger:
         # interval counters (reset at each step end)
         self.migrated = self.reprefill = self.loads = self.dropped_interval = 0
         self.idle_samples = self.idle_hits = 0
-        self.kv = dict.fromkeys(PARKED_KV_COUNTERS, 0)          # interval sums of the engines' parked-KV counters
+        self.engine = dict.fromkeys(ENGINE_COUNTERS, 0)         # interval sums of the engines' counters
+        self.gauges: dict[str, dict[str, int]] = {}             # replica -> its engine's gauges, as last reported
         self.totals = {"migrated_requests": 0, "migrated_kv_bytes": 0, "reprefill_tokens": 0,
                        "weight_loads": 0, "rebalances": 0, "retagged_requests": 0, "rollout_only_s": 0.0,
                        "dropped_unknown": 0}
@@ -155,10 +161,11 @@ class Ledger:
             idle_fraction={"rollout": self.idle_hits / self.idle_samples if self.idle_samples else 0.0,
                            "trainer": waited / max(1e-9, now - self.last_step_end)},
             dropped=self.dropped_interval, wait_staleness_s=self.last_waits["staleness"],
-            wait_count_s=self.last_waits["count"], **self.kv)
+            wait_count_s=self.last_waits["count"], **self.engine,
+            **{k: sum(g.get(k, 0) for g in self.gauges.values()) for k in ENGINE_GAUGES})
         self.step_metrics.append(m)
         self.migrated = self.reprefill = self.loads = self.idle_samples = self.idle_hits = 0
-        self.kv = dict.fromkeys(PARKED_KV_COUNTERS, 0)
+        self.engine = dict.fromkeys(ENGINE_COUNTERS, 0)
         self.dropped_interval = 0
         self.last_step_end = now
         self.gen_max.append(0.0)
@@ -197,11 +204,12 @@ class Ledger:
         self.reprefill += tokens
         self.totals["reprefill_tokens"] += tokens
 
-    def count_kv(self, ev: dict[str, Any]) -> None:
-        """A multi-turn replica's `finished` event: its engine's parked-KV counter deltas."""
-        for k in PARKED_KV_COUNTERS:
-            self.kv[k] += int(ev.get(k) or 0)
+    def count_engine(self, replica: str, ev: dict[str, Any]) -> None:
+        """A generate replica's `finished` event: its engine's counter deltas and gauges."""
+        for k in ENGINE_COUNTERS:
+            self.engine[k] += int(ev.get(k) or 0)
             self.totals[k] = self.totals.get(k, 0) + int(ev.get(k) or 0)
+        self.gauges.setdefault(replica, {}).update({k: int(ev[k]) for k in ENGINE_GAUGES if ev.get(k) is not None})
 
     def count_load(self) -> None:
         self.loads += 1

@@ -8,6 +8,7 @@ sequence.py       one request's state; scheduler.py who runs in a step; checks.p
 step_inputs.py    a step's model inputs; attention.py, triton_decode.py attention over the paged cache
 cuda_graphs.py    CUDA graphs of the decode step; runner.py the forward passes of a weight slot
 weight_slots.py   which weight slot a request runs on, which one a new version goes into
+sleep_wake.py     what sleep() releases and keeps (the captured graphs survive a keep_graphs sleep)
 """
 
 from .model_spec import engine_problem

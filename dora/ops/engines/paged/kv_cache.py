@@ -57,6 +57,11 @@ class KVCache:
         self.allocate(num_blocks)
         self.data[:, :, :old.shape[2]] = old
 
+    def copy_slots(self, src: int, dst: int, n: int) -> None:
+        """Block dst's first n slots take block src's (every layer's K and V; one device copy)."""
+        bs = self.block_size
+        self.data[:, :, dst * bs:dst * bs + n] = self.data[:, :, src * bs:src * bs + n]
+
     # ------------------------------------------------------------ one request's KV in and out
     def read(self, blocks: list[int], n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The first n tokens' KV, per layer (k, v) each [kv_heads, n, head_dim] on the CPU."""

@@ -14,8 +14,9 @@ import numpy as np
 import torch
 
 from . import hf_weights as W
-from .cuda_graphs import DecodeGraphs
+from .cuda_graphs import DecodeGraphs, capture_cuda
 from .decoder import PagedLM, rope_tables
+from .blocks import BlockPool
 from .kv_cache import KVCache
 from .model_spec import ModelSpec
 from .sequence import Seq
@@ -48,7 +49,9 @@ class ModelRunner:
             raise ValueError(f"torch engine: attention must be 'triton' or 'torch' (None: triton on CUDA), got {attention!r}")
         self.triton = attention == "triton" or (attention is None and self.cuda and triton_available())
         self.use_graphs = self.cuda and cuda_graphs
+        self.capture = capture_cuda                  # (tests: cuda_graphs.run_eagerly, see use_graph_capture)
         self.graph_pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self.graph_captures = 0                      # decode graphs captured so far (stats: graph_captures)
         self.kv: KVCache | None = None
         self.shapes: dict[str, torch.Size] = {}
         self.slots: list[WeightSlot] = []
@@ -85,9 +88,19 @@ class ModelRunner:
         return model.logits(model(ids, positions, self.rope, self.kv.layers, meta))
 
     def _capture(self, slot: WeightSlot) -> DecodeGraphs:
-        return DecodeGraphs(lambda rows, splits: self._decode_step(slot.model, rows, splits), max_batch=self.max_batch,
-                            width=self.width, vocab=self.spec.vocab, dtype=self.dtype, device=self.device,
-                            pool=self.graph_pool, splits_for=self._splits)
+        graphs = DecodeGraphs(lambda rows, splits: self._decode_step(slot.model, rows, splits), max_batch=self.max_batch,
+                              width=self.width, vocab=self.spec.vocab, dtype=self.dtype, device=self.device,
+                              pool=self.graph_pool, splits_for=self._splits, capture=self.capture)
+        self.graph_captures += len(graphs.graphs)
+        return graphs
+
+    def use_graph_capture(self, capture) -> None:
+        """Decode through graphs made by `capture` (cuda_graphs.py) on any device: the tests drive the
+        graph path on CPU with cuda_graphs.run_eagerly."""
+        self.use_graphs, self.capture = True, capture
+
+    def has_graphs(self) -> bool:
+        return any(slot.graphs is not None for slot in self.slots)
 
     def _splits(self, rows: int) -> int:
         """Context partitions per row for the Triton kernel: enough programs to fill the GPU twice over."""
@@ -102,26 +115,61 @@ class ModelRunner:
     def drop_graphs(self) -> None:
         for slot in self.slots:
             slot.graphs = None
-        if self.use_graphs:
+        if self.use_graphs and self.cuda:
             torch.cuda.synchronize(self.device)
             self.graph_pool = torch.cuda.graph_pool_handle()   # the next captures start a fresh pool
 
     # ------------------------------------------------------------ memory
     @torch.inference_mode()
+    def warm_up(self, pool: BlockPool) -> None:
+        """Capture every hosted slot's decode graphs and compile the attention kernel's prefill
+        variants now (Triton specializes on the block table's row stride: 1, a multiple of 16, other),
+        on blocks of `pool` taken and given back (they hold nothing anyone finds)."""
+        for slot in self.slots:
+            if self.use_graphs and slot.version is not None and slot.graphs is None:
+                slot.graphs = self._capture(slot)
+        if not self.triton:
+            return
+        for blocks in (1, 2, 16):
+            tokens = min(blocks * self.block_size, self.max_seq_len)
+            seq = Seq(req=None, stops=frozenset(), tokens=[0] * tokens)   # type: ignore[arg-type]
+            seq.blocks = pool.take(seq.blocks_needed(self.block_size))
+            try:
+                self.prefill(self.slots[0], [(seq, 0, tokens - 1)])
+            finally:
+                pool.release(seq.blocks)
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def largest_chunk(self, max_prefill_tokens: int) -> list[tuple[Seq, int, int]]:
+        """The largest prefill the scheduler sends: max_prefill_tokens context tokens (no more than
+        max_batch requests hold), packed from requests of the longest context, on blocks 1, 2, ..."""
+        longest = self.max_seq_len - 1
+        total = min(max_prefill_tokens, self.max_batch * longest)
+        chunks, first = [], 1
+        while total > 0:
+            n = min(total, longest)
+            seq = Seq(req=None, stops=frozenset(), tokens=[0] * (n + 1))   # type: ignore[arg-type]
+            blocks = seq.blocks_needed(self.block_size)
+            seq.blocks = list(range(first, first + blocks))
+            chunks.append((seq, 0, n))
+            first, total = first + blocks, total - n
+        return chunks
+
+    @torch.inference_mode()
     def workspace_bytes(self, max_prefill_tokens: int) -> int:
-        """Peak memory a prefill chunk of max_prefill_tokens and a full decode batch take beyond what
-        is allocated now (CUDA: measured by running them against a scratch KV cache), summed: the
-        captured decode graphs keep their memory while a prefill runs."""
+        """Peak memory the largest prefill chunk (largest_chunk) and a full decode batch take beyond
+        what is allocated now (CUDA: measured by running them against a scratch KV cache), summed:
+        the captured decode graphs keep their memory while a prefill runs."""
         if not self.cuda:
             return 0
-        chunk = min(max_prefill_tokens, self.max_seq_len - 1)
-        seq = Seq(req=None, stops=frozenset(), tokens=[0] * (chunk + 1))   # type: ignore[arg-type]
-        blocks = seq.blocks_needed(self.block_size)
-        seq.blocks = list(range(1, blocks + 1))
-        saved, self.kv = self.kv, KVCache(self.spec, self.block_size, blocks + 1, self.dtype, self.device)
+        chunks = self.largest_chunk(max_prefill_tokens)
+        longest = chunks[0][0]
+        saved = self.kv
+        self.kv = KVCache(self.spec, self.block_size, 1 + sum(len(c[0].blocks) for c in chunks), self.dtype, self.device)
         peaks = []
-        for run in (lambda: self.prefill(self.slots[0], [(seq, 0, chunk)]),
-                    lambda: torch.softmax(self._decode_eager(self.slots[0], [seq] * self.max_batch).float(), dim=-1)):
+        for run in (lambda: self.prefill(self.slots[0], chunks),
+                    lambda: torch.softmax(self._decode_eager(self.slots[0], [longest] * self.max_batch).float(), dim=-1)):
             torch.cuda.synchronize(self.device)
             base = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)

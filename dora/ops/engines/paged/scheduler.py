@@ -3,9 +3,10 @@
 A request moves  waiting -> prefilling -> running -> finished (or parked, when keep_kv).
 - Admission (`admit`) takes waiting requests in order while decode slots (max_batch) and blocks
   last. A request gets, at once, every block its tokens need; full blocks of its context that are
-  cached (a shared prompt, its own earlier turn) are shared instead of computed. A request whose
-  next block is being computed by another one right now waits a step for it (the G samples of a
-  group thus prefill their prompt once).
+  cached (a shared prompt, its own earlier turn) are shared instead of computed, and the partial
+  last block's tokens, when another request computed the same context, are copied (blocks.py
+  tails). A request whose next block or tail is being computed by another one right now waits a
+  step for it (the G samples of a group thus prefill their prompt once).
 - Prefill (`prefill_chunks`) computes at most `max_prefill_tokens` context tokens per step, oldest
   request first, so a long prompt is cut into chunks and never stalls the decode of the others.
 - Decode (`reserve_decode`) gives every running request the block its next token's KV goes to;
@@ -28,7 +29,7 @@ PLACED, WAIT_BLOCKS, WAIT_PREFIX = "placed", "wait_blocks", "wait_prefix"
 class Scheduler:
     def __init__(self, pool: BlockPool, *, max_batch: int, max_prefill_tokens: int,
                  version_of: Callable[[int], int], grow: Callable[[int], bool],
-                 write_kv: Callable[[Seq], None]):
+                 write_kv: Callable[[Seq], None], copy_kv: Callable[[int, int, int], None]):
         self.pool = pool
         self.bs = pool.block_size
         self.max_batch = max_batch
@@ -36,6 +37,7 @@ class Scheduler:
         self.version_of = version_of   # slot -> the version its weights hold (seeds the prefix hashes)
         self.grow = grow               # ask the KV tensor for more blocks; False at the budget
         self.write_kv = write_kv       # write an admitted request's imported KV into its blocks
+        self.copy_kv = copy_kv         # copy the first n slots' KV of block src into block dst
         self.waiting: collections.OrderedDict[str, Seq] = collections.OrderedDict()
         self.prefilling: list[Seq] = []
         self.running: list[Seq] = []
@@ -79,24 +81,34 @@ class Scheduler:
             self.write_kv(seq)   # sets computed, drops pending_kv
             self.seal(seq)
             return PLACED
-        n_full = seq.context // self.bs
-        toks = [tuple(seq.tokens[i * self.bs:(i + 1) * self.bs]) for i in range(n_full)]
+        n_full, bs = seq.context // self.bs, self.bs
+        toks = [tuple(seq.tokens[i * bs:(i + 1) * bs]) for i in range(n_full)]
         hashes, h = [], version_seed(self.version_of(seq.slot))
         for t in toks:
             h = chain_hash(h, t)
             hashes.append(h)
         hit, pending = self.pool.match(hashes, toks)
-        if pending:
+        tail = tuple(seq.tokens[n_full * bs:seq.context])
+        tail_hash = chain_hash(h, tail)
+        src, tail_pending = self.pool.match_tail(tail_hash, tail) if tail and len(hit) == n_full else (None, False)
+        if pending or tail_pending:
             return WAIT_PREFIX
-        need = seq.blocks_needed(self.bs) - len(hit)
-        if not self.make_room(need + self.pool.free_among(hit)):
+        shared = hit + ([src] if src is not None else [])
+        need = seq.blocks_needed(bs) - len(hit)
+        if not self.make_room(need + self.pool.free_among(shared)):
             return WAIT_BLOCKS
-        for b in hit:
+        for b in shared:              # (src only until copied: no take below may hand it out)
             self.pool.share(b)
         seq.blocks = hit + self.pool.take(need)
         for i in range(len(hit), n_full):   # findable at once: a twin waits for them instead of computing them
             self.pool.register(seq.blocks[i], hashes[i], toks[i], ready=False)
-        seq.hashes, seq.sealed, seq.computed = hashes, len(hit), len(hit) * self.bs
+        seq.hashes, seq.sealed, seq.computed = hashes, len(hit), len(hit) * bs
+        if src is not None:
+            self.copy_kv(src, seq.blocks[n_full], len(tail))
+            self.pool.release([src])
+            seq.computed += len(tail)
+        elif tail:
+            self.pool.register_tail(seq.blocks[n_full], tail_hash, tail)
         self.prefix_hit_tokens += seq.computed
         return PLACED
 
@@ -142,6 +154,8 @@ class Scheduler:
                 self.continuation_reprefill_tokens += end - start
             self.seal(seq)
             if end == seq.context:
+                if end % self.bs:
+                    self.pool.tail_ready(seq.blocks[end // self.bs])
                 seq.reprefill = seq.lost_parked = False
                 self.prefilling.remove(seq)
                 self.running.append(seq)

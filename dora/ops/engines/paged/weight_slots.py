@@ -105,5 +105,12 @@ class WeightSlots:
         self.slots[0].version = None
         return freed
 
+    def unhost_all(self) -> None:
+        """sleep() keeping the graphs: every slot keeps its storage (the graphs hold its address) and
+        holds no version; the next load goes into slot 0, in place."""
+        for slot in self.slots:
+            slot.version = None
+        self.latest = 0
+
     def weight_bytes(self) -> int:
         return sum(W.weight_bytes(s.model) for s in self.slots)
