@@ -180,16 +180,20 @@ def cmd_ops(args: argparse.Namespace) -> int:
                 "run": section_specs(RunConfig), "eval": section_specs(EvalSet)}
     # generate's `tools` entries (named by string, as the OpSpecs name their checks: cli sits above ops)
     tools = {kind: import_object(path).settings for kind, path in import_object("dora.ops.tools.tool_registry:KINDS").items()}
+    reward_fns = {"code_exec": import_object("dora.ops.tools.code_exec:SETTINGS")}   # reward fns with declared params
     if args.json:
-        # one list: the ops, the pipeline sections ("section": true), the tool kinds ("tool": true)
+        # one list: the ops, the pipeline sections ("section": true), the tool kinds ("tool": true), the reward
+        # fns with declared params ("reward_fn": true)
         print(json.dumps([s.describe() for s in ops.values()]
                          + [{"name": k, "section": True, "params": [p.describe() for p in v.values()]}
                             for k, v in sections.items()]
                          + [{"name": k, "tool": True, "params": [p.describe() for p in v.values()]}
-                            for k, v in tools.items()], indent=2, default=str))
+                            for k, v in tools.items()]
+                         + [{"name": k, "reward_fn": True, "params": [p.describe() for p in v.values()]}
+                            for k, v in reward_fns.items()], indent=2, default=str))
         return 0
     if args.markdown:
-        print(ops_markdown(ops, sections, tools), end="")
+        print(ops_markdown(ops, sections, tools, reward_fns), end="")
         return 0
     for s in ops.values():
         print(f"{s.name}: {s.doc}")
@@ -222,6 +226,11 @@ def cmd_ops(args: argparse.Namespace) -> int:
         for ps in specs.values():
             print(f"  setting  {_param_line(ps)}")
         print()
+    for fn, specs in reward_fns.items():
+        print(f"reward fn {fn}: (reward params: {{fn: {fn}, params: {{<settings>}}}})")
+        for ps in specs.values():
+            print(f"  setting  {_param_line(ps)}")
+        print()
     return 0
 
 
@@ -234,7 +243,7 @@ def _md_rows(specs) -> list[str]:
     return rows
 
 
-def ops_markdown(ops, sections, tools) -> str:
+def ops_markdown(ops, sections, tools, reward_fns) -> str:
     """`dora ops --markdown`: docs/reference.md, from the declarations (tests/test_cli.py keeps it current)."""
     out = ["# Reference: pipeline sections, ops and tools", "",
            "Generated from the declarations by `dora ops --markdown > docs/reference.md`; do not edit by hand.", "",
@@ -252,6 +261,9 @@ def ops_markdown(ops, sections, tools) -> str:
     out += ["## Tools (generate's `tools: [{name, kind, <settings>}]`)", ""]
     for kind, specs in tools.items():
         out += [f"### `{kind}`", "", *_md_rows(specs), ""]
+    out += ["## Reward functions with settings (reward's `fn: NAME, params: {<settings>}`)", ""]
+    for fn, specs in reward_fns.items():
+        out += [f"### `{fn}`", "", *_md_rows(specs), ""]
     return "\n".join(out)
 
 

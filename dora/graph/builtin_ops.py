@@ -99,6 +99,7 @@ GENERATE = OpSpec(
     ),
     impl="dora.ops.generate:GenerateOp",
     check="dora.ops.generate_settings:check_params",
+    host_check="dora.ops.tools.sandbox_check:generate_host_problems",
     is_generate=True,
     devices_check="dora.ops.generate_settings:devices_problem",
     when=(When("max_turns", (1,), adds=MULTITURN_COLUMNS, negate=True),),
@@ -110,7 +111,7 @@ REWARD = OpSpec(
     inputs=(PortSpec("trajectories", ("response_text", "answer")),),
     adds=("reward",),
     params=_params(
-        P("fn", "str", "synthetic", "synthetic, math_verify, reasoning_gym, format, or pkg.module:function "
+        P("fn", "str", "synthetic", "synthetic, math_verify, reasoning_gym, format, code_exec, or pkg.module:function "
           "fn(response_text, answer, row, **params) -> float, sync or async (docs/reward_functions.md)",
           names_from="dora.ops.reward:fn_problem"),
         P("on_error", "str", "fail", "what a failing reward function does", choices=("fail", "zero")),
@@ -122,6 +123,7 @@ REWARD = OpSpec(
     check="dora.ops.reward:check_params",
     columns="dora.ops.reward_sources:reward_columns",
     when=(When("fn", ("reasoning_gym",), needs=("task",)),),
+    host_check="dora.ops.tools.sandbox_check:reward_host_problems",
 )
 
 # The output column of a model that scores (reward_model, judge): `reward`, or reward/<name> for a reward

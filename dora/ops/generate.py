@@ -289,6 +289,7 @@ class GenerateOp(Operator):
         out.update(hosted=self.engine.hosted_versions(), max_versions=self.max_versions)
         if self.agent is not None:   # trajectories whose tools are running (they hold no decode slot)
             out["tool_waiting"] = len(self.agent.waiting)
+            out["tool_failures"] = self.agent.tool_failures()
         return out
 
     def sleep(self, keep_graphs: bool = False) -> dict[str, Any]:

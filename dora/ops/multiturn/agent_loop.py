@@ -185,6 +185,14 @@ class AgentLoop:
         else:
             self.runner.submit(uid, calls)
 
+    def tool_failures(self) -> dict[str, int]:
+        """Failed tool calls by kind (timeout, output, refused, ...), summed over the tools."""
+        out: dict[str, int] = {}
+        for tool in self.tools.values():
+            for kind, n in tool.stats().items():
+                out[kind] = out.get(kind, 0) + n
+        return out
+
     def close(self) -> None:
         self.runner.close()
         for tool in self.tools.values():
