@@ -73,6 +73,16 @@ class EvalRequests:
             self.op.ctx.report({"kind": "eval_aborted", "uids": uids, "reason": why})
         return uids
 
+    def load_weights(self, version: int, weights) -> None:
+        """The engine loads `version`: an older version's evaluation requests go on decoding on its
+        weights while a slot allows, and never hold up a load (the weight slots it needs are theirs)."""
+        try:
+            self.op.engine.load_weights(version, weights)
+        except RuntimeError:
+            if not self.abort_others(version, f"version {version} loaded"):
+                raise
+            self.op.engine.load_weights(version, weights)
+
     def abort(self, uids: list[str]) -> list[str]:
         """Drop these evaluation requests here (the driver's abort of an abandoned evaluation is not
         reported back); returns those that were here."""

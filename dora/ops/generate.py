@@ -222,12 +222,7 @@ class GenerateOp(Operator):
                 weights, source = self.receiver.get(int(version), BROADCAST_WAIT_S), "broadcast"
             except (TimeoutError, RuntimeError) as e:   # not arrived, or the receiver failed: the file has it
                 print(f"{self.ctx.label}: loading version {version} from {path}: {e}", file=sys.stderr, flush=True)
-        try:   # evaluation requests of an older version go on decoding on its weights while a slot allows ...
-            self.engine.load_weights(int(version), weights)
-        except RuntimeError:   # ... and never hold up a load: the weight slots it needs are theirs
-            if not self.evals.abort_others(int(version), f"version {version} loaded"):
-                raise
-            self.engine.load_weights(int(version), weights)
+        self.evals.load_weights(int(version), weights)   # (aborts older evaluations only if it needs their slot)
         self.loads_by_source[source] += 1
         return {"version": int(version), "seconds": time.perf_counter() - t0, "source": source,
                 "hosted": self.engine.hosted_versions()}
