@@ -22,13 +22,20 @@ PIPELINES = ROOT / "pipelines"
 SHORT = ["nodes.rollout.params.max_tokens=48", "nodes.rollout.params.max_batch=4"]
 
 
-def dora_run(out: Path, pipeline: str | Path, *overrides: str, deadline: float = 300.0) -> int:
-    """`dora run PIPELINE OVERRIDES --out OUT --quiet --deadline D`, in this process; the exit code."""
+# The shipped pipelines evaluate held-out sets; tests of other things run without them (the suite's
+# time), tests/test_eval.py and the slow quickstart test with them.
+NO_EVAL = ["eval=null", "run.keep_best=null"]
+
+
+def dora_run(out: Path, pipeline: str | Path, *overrides: str, deadline: float = 300.0, evaluate: bool = False) -> int:
+    """`dora run PIPELINE OVERRIDES --out OUT --quiet --deadline D`, in this process; the exit code.
+    Without `evaluate` the pipeline's held-out sets are left out (NO_EVAL)."""
     from dora.rl.launch import run_main
     path = Path(pipeline)
     if not path.is_absolute() and not path.exists():
         path = PIPELINES / path
-    return run_main([str(path), *overrides, "--out", str(out), "--quiet", "--deadline", str(deadline)])
+    extra = [] if evaluate else NO_EVAL
+    return run_main([str(path), *extra, *overrides, "--out", str(out), "--quiet", "--deadline", str(deadline)])
 
 
 class RunDir:

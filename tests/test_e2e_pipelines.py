@@ -9,6 +9,8 @@ and a checkpoint that transformers loads.
 
 from __future__ import annotations
 
+import json
+
 import math
 
 import pytest
@@ -104,11 +106,14 @@ def test_quickstart_async_modes_account_for_every_trajectory(tmp_path, mode, k):
 @pytest.mark.slow
 def test_quickstart_learns(tmp_path):
     """The full shipped quickstart (40 steps): reward must climb (measured +0.27, docs/benchmarks.md)."""
-    rc = dora_run(tmp_path, "quickstart.yaml", deadline=900)
+    rc = dora_run(tmp_path, "quickstart.yaml", deadline=900, evaluate=True)
     run = RunDir(tmp_path)
     assert rc == 0, run.describe()
     s = run.summary
     assert s["reward_last3"] - s["reward_first3"] >= 0.2, (s["reward_first3"], s["reward_last3"], s["reward_by_step"])
+    held = [json.loads(x) for x in (tmp_path / "eval.jsonl").read_text().splitlines()]   # the README's claim
+    assert [e["version"] for e in held] == [0, 10, 20, 30, 40]
+    assert held[-1]["mean_reward"] > held[0]["mean_reward"], [(e["version"], e["mean_reward"]) for e in held]
     assert s["accounting"]["lost"] == 0 and s["c2_violations"] == 0 and s["c3_violations"] == 0
 
 

@@ -31,10 +31,19 @@ class FakeInstance:
         self.name, self.version, self.slots = name, None, slots
         self.reqs: dict[str, dict] = {}
         self.imported_with_kv = 0
+        self.eval_aborted: list[str] = []
 
     def load_version(self, v):
+        self.abort_evals()   # (the generate op's rule: evaluation requests never hold up a load)
         assert not self.reqs, f"{self.name}: load_version with requests inside"
         self.version = v
+
+    def abort_evals(self):
+        """Held-out evaluation requests leave (reported back, as the generate op's eval_aborted)."""
+        gone = [u for u in self.reqs if u.startswith("eval:")]
+        for u in gone:
+            del self.reqs[u]
+        self.eval_aborted += gone
 
     def hosted(self):
         """Its current version and the versions of the requests on it."""
@@ -69,6 +78,7 @@ class FakeInstance:
         self.version = v
 
     def interrupt_all(self):
+        self.abort_evals()
         out = self.export(list(self.reqs))
         for s in out:
             s.has_kv = False
@@ -105,10 +115,43 @@ def make_prompts(g, rng):
     return take, counter
 
 
-def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3, elastic=0, versions=1, make=FakeInstance):
+class Evals:
+    """Held-out evaluations as the RL driver runs them (dora/rl/evaluation.py): 6 requests for every
+    `every`-th version, added before the mode hears of the version; the older ones then due."""
+
+    def __init__(self, c, every, rng, sync):
+        self.c, self.every, self.rng, self.sync = c, every, rng, sync
+        self.added: dict[str, int] = {}
+        self.finished: collections.Counter = collections.Counter()
+
+    def publish(self, version):
+        if self.every and version % self.every == 0:
+            self.c.evals.make_due(version - 1)
+            reqs = [Request(f"eval:s:v{version}:{i}-0", f"eval:s:v{version}:{i}", version, 10,
+                            self.rng.choice([5, 20, 60])) for i in range(6)]
+            self.added.update({r.uid: version for r in reqs})
+            self.c.evals.add(version, reqs, due=self.sync)
+
+    def split(self, fin):
+        """Training completions; the evaluation ones go to EvalWork."""
+        ev = [f.uid for f in fin if f.uid.startswith("eval:")]
+        self.finished.update(ev)
+        self.c.evals.finished(ev)
+        return [f for f in fin if not f.uid.startswith("eval:")]
+
+    def aborted(self, insts):
+        for i in insts:
+            if i.eval_aborted:
+                self.c.evals.aborted(i.eval_aborted)
+                i.eval_aborted = []
+
+
+def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3, elastic=0, versions=1, make=FakeInstance,
+              evals_every=0):
     """`elastic`: that many extra instances are lent while the trainer waits and reclaimed (their
     requests moved off) once its batch is ready. `versions`: versions_per_instance, with instances
-    built by `make`."""
+    built by `make`. `evals_every`: held-out evaluations of every N-th version, finished after the
+    last step (c.held_out: what was added and finished)."""
     rng = random.Random(seed)
     clock = Clock()
     insts = [make(f"i{j}") for j in range(n_inst)]
@@ -118,6 +161,8 @@ def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3, elastic=0, versi
     cfg = RolloutConfig(mode=mode, train_batch=tbs, group_size=g, max_staleness=k, rebalance_period_s=1.0,
                         versions_per_instance=versions)
     c = RolloutController(cfg, insts, take, clock)
+    ev = c.held_out = Evals(c, evals_every, rng, mode == "sync")
+    ev.publish(0)
     c.start()
     trained: list[str] = []
     batches = []
@@ -130,9 +175,10 @@ def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3, elastic=0, versi
             break
         clock.t += rng.uniform(0.1, 2.0)
         inst = rng.choice(insts + (spare if lent else []))
-        fin = inst.progress(rng)
+        fin = ev.split(inst.progress(rng))
         if fin:
             c.on_finished(inst.name, fin)
+        ev.aborted(insts + spare)
         if rng.random() < 0.3:
             c.tick()
         if rng.random() < 0.1:
@@ -158,6 +204,7 @@ def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3, elastic=0, versi
             training = None
             publish_at = clock.t + rng.uniform(0, 3)
         if publish_at is not None and clock.t >= publish_at:
+            ev.publish(version)
             c.on_published(version)
             publish_at = None
         # the window: nothing untrained is older than the next step can still take
@@ -169,6 +216,18 @@ def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3, elastic=0, versi
             assert len(i.hosted()) <= versions, f"{i.name} hosts {sorted(i.hosted())}"
             assert all(i.holds(s["r"].version) for s in i.reqs.values())
     assert len(batches) >= steps, f"{mode}: only {len(batches)} steps (stuck?)"
+    if evals_every:   # training is over: the evaluations still out become due and finish
+        c.evals.make_due()
+        c.manager.exhausted = True
+        for _ in range(20000):
+            if not c.evals.busy():
+                break
+            inst = rng.choice(insts)
+            fin = ev.split(inst.progress(rng))
+            c.on_finished(inst.name, fin)
+            ev.aborted(insts)
+            c.tick()
+        assert not c.evals.busy(), f"{mode}: evaluations left {c.evals.versions()}"
     return c, batches, trained, counter[0] * g, insts + spare
 
 
@@ -206,6 +265,22 @@ def test_invariants_under_chaos(mode, seed, elastic):
         assert all(m.staleness_max == 0 for m in c.step_metrics)
     if mode == "one_step_off":
         assert all(m.staleness_max <= 1 for m in c.step_metrics)
+
+
+@pytest.mark.parametrize("mode", ["sync", "one_step_off", "partial", "dora"])
+def test_held_out_evaluations_finish_on_their_version_outside_the_books(mode):
+    """Evaluation requests fill what training leaves, on instances of their own version (the fake's
+    submit asserts it), are aborted by loads and placed again, and all finish; the training books
+    hold none of them and their invariants are those of a run without evaluation."""
+    c, batches, trained, dispatched_n, insts = run_chaos(mode, 11, steps=16, evals_every=4, versions=1)
+    ev = c.held_out
+    assert set(ev.finished) == set(ev.added) and len(ev.added) == 6 * 4   # versions 0, 4, 8, 12
+    assert max(ev.finished.values()) == 1, "an evaluation request finished twice"
+    s = c.finish()
+    assert s["lost"] == 0 and s["dispatched"] == dispatched_n and s["c2_violations"] == 0
+    assert s["trained"] + s["finished_untrained"] + s["in_flight_at_end"] + s["in_training_at_end"] == dispatched_n
+    assert not any(u.startswith("eval:") for u in trained)
+    assert all(len(b) == c.cfg.train_batch for _, b in batches)
 
 
 def test_dora_chaos_migrates_and_runs_several_versions():

@@ -26,7 +26,14 @@ def small(mode, **kw):
 
 @pytest.mark.parametrize("mode", ["sync", "one_step_off", "partial", "dora", "partial_colocated", "partial_inflight"])
 def test_modes_keep_their_invariants(mode):
-    r = simulate(small(mode))      # (a colocated mode that trains while rollout generates fails the run)
+    """With held-out evaluations placed as a run places them (dora/sim/sim_evals.py): they finish
+    beside training and the training invariants are untouched (a colocated mode that trains while
+    rollout generates fails the run)."""
+    evals = mode != "partial_colocated"   # (not built: its training barrier does not stop evaluations yet)
+    r = simulate(small(mode, **({"eval_every": 3, "eval_prompts": 16} if evals else {})))
+    assert r.get("eval_requests", 0) >= (4 * 16 if evals else 0)
+    # (the partial modes load every version at its publish: an evaluation longer than a step waits for the end)
+    assert r.get("eval_versions_done", 0) >= (0 if mode.startswith("partial") else 3), r
     assert r["lost"] == 0 and r["c2_violations"] == 0 and r["c3_violations"] == 0
     assert r["trajectories_trained"] == 12 * 64
     k = {"sync": 0, "one_step_off": 1}.get(mode, 3)

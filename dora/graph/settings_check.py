@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from dora.graph.diagnostics import Diagnostic, error, errors_of
+from dora.graph.eval_check import eval_problems
 from dora.graph.loggers import validate_loggers
 from dora.graph.model import Graph
 from dora.graph.opspec import OpSpec, fill_params, import_object, param_problems
@@ -66,6 +67,7 @@ def settings_problems(g: Graph, specs: dict[str, OpSpec | None]) -> list[Diagnos
     diags += _engine_problems(g, specs, params)
     diags += _fast_lane_problems(g, specs)
     diags += limit_problems(g, specs, params)   # the dataset's prompt limit, and a file source's first rows
+    diags += eval_problems(g, specs, params)
     return diags
 
 

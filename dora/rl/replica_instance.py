@@ -86,7 +86,9 @@ class ReplicaInstance:
             row = dict(r.payload)
             row["policy_version"] = r.version
             rows.append(row)
-        batch = pa.RecordBatch.from_pylist(rows, schema=self.driver.prompts.schema)
+        # (held-out evaluation requests carry their set's columns: their own schema, inferred)
+        schema = None if "eval_set" in rows[0] else self.driver.prompts.schema
+        batch = pa.RecordBatch.from_pylist(rows, schema=schema)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, batch.schema) as writer:
             writer.write_batch(batch)
@@ -111,6 +113,10 @@ class ReplicaInstance:
                 kv_bytes=sum(len(f) for f in frames), payload=(d, frames),
                 token_versions=tuple(sorted(set(d["token_versions"])))))
         return out
+
+    def abort(self, uids: list[str]) -> list[str]:
+        """Drop these requests here (an abandoned held-out evaluation's); the uids it held."""
+        return list((self._call("abort", {"uids": list(uids)}) or {}).get("aborted", []))
 
     def export(self, uids: list[str]) -> list[RequestState]:
         return self._states(self._call("export", {"uids": list(uids)}))

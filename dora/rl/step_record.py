@@ -56,6 +56,17 @@ def driver_step_record(d, step: int, version: int, sent: dict[str, Any], ev: dic
     return rec
 
 
+def write_step(d, step: int, version: int, sent: dict[str, Any], ev: dict[str, Any], now: float) -> dict[str, Any]:
+    """The step's line (metrics.jsonl and the loggers), its lengths (length_trace.jsonl), its sample of
+    trajectories (samples.jsonl) and the progress line, for RLDriver `d`; returns the line."""
+    rec = driver_step_record(d, step, version, sent, ev, now)
+    d.multiturn.step_trained(step, sent)   # RUN_DIR/length_trace.jsonl
+    d.metrics.write(rec)
+    d.metrics.write_samples([{"kind": "train", "step": step, **row} for row in sent.get("samples", [])])
+    d.progress.step(rec)
+    return rec
+
+
 def add_trainer_metrics(rec: dict[str, Any], metrics: dict[str, Any]) -> None:
     """The trainer's own metrics, under their names, or `train/<name>` where the name is taken."""
     for k, v in metrics.items():
@@ -82,3 +93,22 @@ def batch_summary(uids: list[str], rows: list[dict[str, Any]], sent_at: float) -
             "response_tokens": [len(r["response_ids"]) for r in rows],
             "lengths": [(str(r["uid"]), str(r.get("group_id")), len(r["prompt_ids"]), len(r["response_ids"]))
                         for r in rows]}   # (RUN_DIR/length_trace.jsonl: dora/rl/length_trace.py)
+
+
+SAMPLE_FIELDS = ("uid", "prompt", "response_text", "final_turn_text", "reward", "policy_version", "finish_reason")
+
+
+def sample_rows(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """`n` rows of a batch, evenly spread over it, as samples.jsonl keeps them (what the model wrote,
+    what it was scored)."""
+    if n <= 0 or not rows:
+        return []
+    picked = rows[::max(1, len(rows) // n)][:n]
+    out = []
+    for r in picked:
+        s = {k: r.get(k) for k in SAMPLE_FIELDS if k in r}
+        s["response"] = s.pop("response_text", None)
+        s["version"] = s.pop("policy_version", None)
+        s["response_tokens"] = len(r.get("response_ids") or [])
+        out.append(s)
+    return out

@@ -15,9 +15,26 @@ from .sim_engine import SimEngine, SimSeq
 
 
 class SimInstance(SimEngine):
+    eval_aborted = None   # held-out evaluation requests aborted here go to this callback (dora/sim/sim_evals.py)
+
     # -- RolloutInstance -----------------------------------------------------------------------
+    def _abort_evals(self, keep: int | None) -> list[str]:
+        """As the generate op: evaluation requests of versions other than `keep` never stand in the way."""
+        uids = [u for u in (*self.running, *self.queue, *self.waiting)
+                if u.startswith("eval:") and (self.running.get(u) or self.queue.get(u) or self.waiting.get(u)).version != keep]
+        if uids:
+            self._advance()
+            for u in uids:
+                self._take_out(u, False)
+            self._versions_changed()
+            if self.eval_aborted is not None:
+                self.eval_aborted(uids)
+        return uids
+
     def load_version(self, v: int) -> None:
         problem = self.hv.problem_loading(v)
+        if problem and self._abort_evals(v):   # (older evaluation requests decode on while a weight slot allows)
+            problem = self.hv.problem_loading(v)
         if problem:
             raise RuntimeError(f"{self.name}: load_version({v}): {problem}")
         self._advance()
@@ -125,9 +142,10 @@ class SimInstance(SimEngine):
         self._reschedule()
 
     def interrupt_all(self) -> list[RequestState]:
-        self._advance()
-        out = [self._take_out(u, False) for u in [*self.running, *self.queue, *self.waiting]]
-        self.heap.clear()
+        self._advance()   # (held-out evaluation requests stay, as in the generate op)
+        out = [self._take_out(u, False) for u in [*self.running, *self.queue, *self.waiting] if not u.startswith("eval:")]
+        if not self.running:
+            self.heap.clear()   # (else entries of requests taken out are skipped as they come up)
         self._versions_changed()
         self._reschedule()
         return out

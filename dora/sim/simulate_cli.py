@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fast-lanes", type=int, default=DEFAULT_FAST_LANES, metavar="N",
                    help="dora: at most N rollout instances serve as fast lanes for stragglers (async.fast_lanes; "
                         f"default {DEFAULT_FAST_LANES}: as many as measured, 0: none)")
+    p.add_argument("--eval-every", type=int, default=0, metavar="N",
+                   help="held-out evaluation of version 0 and every N-th version (0: none), placed as a run places it")
+    p.add_argument("--eval-prompts", type=int, default=0, metavar="P",
+                   help="its requests per evaluation (one sample per prompt, lengths from the workload)")
     p.add_argument("--policy", action="append", default=[], metavar="NAME:WORKLOAD:TBS",
                    help="two or more: the policies share one rollout pool (dora/sim/two_policies.py); one row per "
                         "--splits entry, each policy trained --steps steps in --modes' first mode")
@@ -104,6 +108,8 @@ def _configs(a: argparse.Namespace) -> list[SimConfig]:
         raise _BadArgs(f"--train-gpus {a.train_gpus}: must leave at least one rollout group of {tp} GPUs out of {a.gpus}")
     if not 0 <= a.drop_groups < 1:
         raise _BadArgs(f"--drop-groups {a.drop_groups}: must be in [0, 1)")
+    if a.eval_every < 0 or a.eval_prompts < 0 or bool(a.eval_every) != bool(a.eval_prompts):
+        raise _BadArgs("--eval-every N and --eval-prompts P go together, both >= 1")
     workload = get_workload(a.workload, a.trace)            # WorkloadError -> exit 2
     _sizes_from(a, workload)
     _check_versions(a, workload)
@@ -112,7 +118,8 @@ def _configs(a: argparse.Namespace) -> list[SimConfig]:
         c = SimConfig(mode=m, model=a.model, gpus=a.gpus, steps=a.steps, seed=a.seed, train_batch=a.train_batch,
                       rollout_batch=a.rollout_batch, group_size=a.group_size, max_staleness=a.max_staleness,
                       workload=a.workload, trace_file=a.trace, train_gpus=a.train_gpus, drop_groups=a.drop_groups,
-                      elastic=a.elastic, versions_per_instance=a.versions_per_instance, fast_lanes=a.fast_lanes)
+                      elastic=a.elastic, versions_per_instance=a.versions_per_instance, fast_lanes=a.fast_lanes,
+                      eval_every=a.eval_every, eval_prompts=a.eval_prompts)
         RolloutConfig(mode=m, train_batch=c.train_batch, rollout_batch=c.rollout_batch, group_size=c.group_size,
                       max_staleness=c.max_staleness, fast_lanes=c.fast_lanes).resolved()   # RolloutConfigError -> exit 2
         _check_lanes(c)

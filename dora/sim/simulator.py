@@ -22,6 +22,7 @@ from dora.rl.rollout import POLICIES, RolloutConfig, RolloutController
 from .virtual_clock import VirtualClock
 from .costmodel import MODELS, CostModel
 from .elastic_devices import ElasticDevices
+from .sim_evals import SimEvals
 from .sim_instance import SimInstance
 from .trainer import SimTrainer
 from .workloads import PromptSource, Workload, get_workload, response_tokens
@@ -60,6 +61,8 @@ class SimConfig:
     versions_per_instance: int = DEFAULT_VERSIONS   # M: versions one rollout instance may host at once
     fast_lanes: int = DEFAULT_FAST_LANES            # instances fast lanes may take (-1: as measured, 0: none)
     kv_offload: bool = False        # preempted requests' KV goes to host memory instead of being recomputed
+    eval_every: int = 0             # held-out evaluation of version 0 and every N-th version (0: none)
+    eval_prompts: int = 0           # its requests (one sample per prompt, lengths from the workload)
 
 
 def versions_problem(cost: CostModel, workload: Workload, versions: int) -> str | None:
@@ -161,6 +164,7 @@ class _Sim:
     elastic: ElasticDevices
     train_gpus: int
     colocated: bool
+    evals: SimEvals | None = None
 
     def busy_snapshot(self) -> dict[str, float]:
         """Cumulative device-seconds busy (rollout, overhead, training), tokens and rollout-only time now."""
@@ -211,6 +215,9 @@ def _build(cfg: SimConfig, trace: TraceWriter) -> _Sim:
     prompts = PromptSource(workload, cfg.group_size, cfg.seed)
     holder: dict[str, RolloutController] = {}
     on_finished = _dropping(holder, cfg)       # one for all instances (one filter, one seeded stream)
+    if cfg.eval_every and cfg.eval_prompts:    # held-out evaluation requests go to EvalWork, not the books
+        training_finished = on_finished
+        on_finished = lambda name, done: training_finished(name, holder["e"].on_finished(done))   # noqa: E731
     instances = [SimInstance(f"rollout{i}", cost, clock, on_finished, trace) for i in range(n_inst)]
     for i in instances:
         i.slots = cfg.max_batch or i.slots
@@ -232,7 +239,13 @@ def _build(cfg: SimConfig, trace: TraceWriter) -> _Sim:
         i.offload_preempted = cfg.kv_offload
     elastic = ElasticDevices(ctl, cost, clock, train_gpus, lendable)
     trainer.blocked = elastic.blocked
-    return _Sim(cfg, cost, clock, ctl, trainer, instances, lendable, elastic, train_gpus, colocated)
+    evals = None
+    if cfg.eval_every and cfg.eval_prompts:
+        evals = holder["e"] = SimEvals(ctl, workload, cfg.eval_every, cfg.eval_prompts, cfg.seed)
+        trainer.before_publish = evals.published
+        for i in instances + lendable:
+            i.eval_aborted = evals.on_aborted
+    return _Sim(cfg, cost, clock, ctl, trainer, instances, lendable, elastic, train_gpus, colocated, evals)
 
 
 def _drive(sim: _Sim, warm: int) -> dict[str, float]:
@@ -243,6 +256,8 @@ def _drive(sim: _Sim, warm: int) -> dict[str, float]:
         ctl.tick()
         clock.call_later(cfg.tick_s, tick)
 
+    if sim.evals is not None:
+        sim.evals.published(0)   # before training (sync: before the first batch)
     ctl.start()
     clock.call_later(cfg.tick_s, tick)
     snap = sim.busy_snapshot() if warm == 0 else {}
@@ -292,5 +307,5 @@ def _results(sim: _Sim, warm: int, snap: dict[str, float], end: dict[str, float]
         "in_flight_at_end": summary["in_flight_at_end"], "finished_untrained": summary["finished_untrained"],
         "lost": summary["lost"], "dropped": summary["dropped"], "elastic": bool(sim.lendable),
         "elastic_lends": sim.elastic.lends, "preemptions": sum(i.preemptions for i in sim.instances + sim.lendable),
-        "per_step": [m.to_dict() for m in sm],
+        "per_step": [m.to_dict() for m in sm], **(sim.evals.results() if sim.evals is not None else {}),
     }

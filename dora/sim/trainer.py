@@ -21,6 +21,7 @@ class SimTrainer:
         self.busy = False
         self.publishing = False
         self.blocked: Callable[[], bool] = lambda: False     # elastic: devices lent out or coming back
+        self.before_publish: Callable[[int], None] = lambda v: None   # held-out evaluations (sim_evals.py)
         self.step = 0
         self.version = 0
         self.train_s = 0.0
@@ -60,4 +61,5 @@ class SimTrainer:
 
     def _published(self, v: int) -> None:
         self.publishing = False
+        self.before_publish(v)
         self.c.on_published(v)

@@ -17,7 +17,9 @@ kept in RUN_DIR/state.json, so the live page and `dora dashboard RUN_DIR` read t
      "steps":    [{step, policy_version, reward_mean, tokens_per_s, staleness_max, staleness_mean,
                    step_time_s, rollout_only_s, rollout_only_share, versions_live, wall_s, turns_mean,
                    tool_wait_s, migrated_requests, fast_lane_requests, prefill_tokens, prefix_hit_tokens,
-                   kv_blocks_used, kv_blocks_free}]}
+                   kv_blocks_used, kv_blocks_free}],
+     "evals":    [eval.jsonl's lines: {version, set, mean_reward, pass@1, ...}]
+     "samples":  [the newest SHOWN_SAMPLES lines of samples.jsonl]}
 A run of several policies (dora/graph/policies.py) adds `policy` to each step (its keys unprefixed)
 and to each timeline row: the page draws a curve per policy and labels the rows.
 
@@ -43,6 +45,7 @@ SNAPSHOT_EVERY_S = 1.0    # the page asks once a second; a fresher snapshot woul
 WRITE_EVERY_S = 2.0       # RUN_DIR/state.json, for `dora dashboard RUN_DIR` on a run still going
 RATE_WINDOW_S = 3.0       # edge and token rates: counts over the last few seconds
 MAX_STEPS = 2000          # longer runs are thinned evenly (the last step always kept)
+SHOWN_SAMPLES = 12        # the page's "latest samples" table
 STEP_KEYS = ("step", "policy_version", "reward_mean", "tokens_per_s", "staleness_max", "staleness_mean",
              "step_time_s", "rollout_only_s", "versions_live", "wall_s", "turns_mean", "tool_wait_s",
              "migrated_requests", "fast_lane_requests", "prefill_tokens", "prefix_hit_tokens", "kv_blocks_used",
@@ -69,9 +72,11 @@ def steps_section(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def make_state(run: dict[str, Any], fig: dict[str, Any], edges: list[dict[str, Any]], replicas: list[dict[str, Any]],
-               timeline: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
+               timeline: dict[str, Any], steps: list[dict[str, Any]], evals: list[dict[str, Any]] = (),
+               samples: list[dict[str, Any]] = ()) -> dict[str, Any]:
     return {"format": FORMAT, "run": run, "graph": {k: fig[k] for k in ("svg", "width", "height")},
-            "nodes": fig["nodes"], "edges": edges, "replicas": replicas, "timeline": timeline, "steps": steps}
+            "nodes": fig["nodes"], "edges": edges, "replicas": replicas, "timeline": timeline, "steps": steps,
+            "evals": list(evals), "samples": list(samples)[-SHOWN_SAMPLES:]}
 
 
 def write_state(run_dir: str, state: dict[str, Any] | bytes) -> str:
@@ -192,8 +197,9 @@ class RunState:
                "updated_at": time.time(), "step": steps[-1]["step"] if steps else 0, "total_steps": self.total_steps,
                "run_dir": os.path.abspath(self.run_dir), "error": self.error,
                "dashboard_cpu_s": round(self.build_cpu_s + self.server_cpu_s, 4)}
+        m = self.metrics
         return make_state(run, self.fig, self._edges(workers, now), self._replicas(ctrl, workers, now),
-                          self._timeline(), steps)
+                          self._timeline(), steps, getattr(m, "evals", []), getattr(m, "latest_samples", []))
 
     def _sample(self, w: Any) -> None:
         live = w.live

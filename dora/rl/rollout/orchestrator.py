@@ -52,9 +52,11 @@ def partition(total: int, load: dict[int, int]) -> dict[int, int]:
 class Orchestrator:
     """Decides; the Dispatcher does (weight loads, migrations)."""
 
-    def __init__(self, manager: RolloutManager, dispatcher: Dispatcher, limit: int = 1, kv_limit: float = 0.92):
+    def __init__(self, manager: RolloutManager, dispatcher: Dispatcher, limit: int = 1, kv_limit: float = 0.92,
+                 evaluating: set[str] | None = None):
         self.m, self.d, self.limit = manager, dispatcher, limit   # limit: M, versions per instance
         self.kv_limit = kv_limit                                  # KV use an instance is kept below (kv_pressure)
+        self.evaluating = evaluating if evaluating is not None else set()   # claimed for held-out evaluation
         self.slots_of = manager.slots_of
         self.migrate = dispatcher.migrate
 
@@ -66,7 +68,8 @@ class Orchestrator:
         them all than `lanes_cap` (-1: no cap)."""
         m = self.m
         # lent trainer devices (elastic) are extra instances of the newest version, outside the partition
-        regular = {n: i for n, i in m.instances.items() if n not in m.lent}
+        # (and instances loaded for a held-out evaluation stay outside it until the evaluation is done)
+        regular = {n: i for n, i in m.instances.items() if n not in m.lent and n not in self.evaluating}
         load = dict(m.outstanding)
         for n in m.lent:
             v = m.instances[n].version

@@ -28,9 +28,9 @@ class DoraPolicy(RolloutPolicy):
     def __init__(self, controller):
         super().__init__(controller)
         c = controller
-        self.orch = Orchestrator(c.manager, c.dispatch, c.cfg.versions_per_instance, c.cfg.kv_pressure)
+        self.orch = Orchestrator(c.manager, c.dispatch, c.cfg.versions_per_instance, c.cfg.kv_pressure, c.evals.claimed)
         m = c.cfg.versions_per_instance
-        self.packer = VersionPacker(c.manager, c.dispatch, m, c.cfg.kv_pressure) if m > 1 else None
+        self.packer = VersionPacker(c.manager, c.dispatch, m, c.cfg.kv_pressure, c.evals.claimed) if m > 1 else None
         self.triggers = Triggers(c.cfg, c.manager, c.clock)
         self.deadlines = Deadlines(c.ledger, c.queue, c.cfg.max_staleness, c.clock)
         self.speed = SpeedModel()

@@ -74,6 +74,15 @@ class RolloutPolicy:
         """Re-partition instances across versions now; False if this mode never does."""
         return False
 
+    def spare(self, name: str) -> bool:
+        """May instance `name` be lent to a held-out evaluation now (load an older version for it)?
+        Streaming: it holds no request and nothing more may be dispatched (R_sum at RBS, the
+        staleness room used up, or no prompt left to send) nor is waiting for a host."""
+        c = self.c
+        d = c.dispatch
+        nothing_to_send = c.manager.exhausted or d.room() < c.cfg.group_size
+        return not c.manager.on_instance[name] and nothing_to_send and not d.pending_retag and not d.parked
+
     def token_versions(self, uid: str) -> set[int] | None:
         """Versions that generated `uid`'s tokens when the completion report does not say
         (None: the version it was dispatched with)."""
