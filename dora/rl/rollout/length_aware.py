@@ -27,8 +27,8 @@ def start_siblings_on_newest(d: Dispatcher, versions: set[int]) -> int:
         if not waiting:
             continue
         mine = m.requests_of(name, v)
-        queued = set(mine[-waiting:])                        # the most recently placed wait for a slot
-        started = {m.on_instance[name][u].group_id for u in mine if u not in queued}
+        queued = mine[-waiting:]                             # the most recently placed wait for a slot
+        started = {m.on_instance[name][u].group_id for u in mine[:-waiting]}   # (lists: placement order, not hash order)
         uids = [u for u in queued if m.on_instance[name][u].group_id in started]
         if not uids:
             continue
