@@ -11,9 +11,8 @@ partial_colocated / partial_inflight). Each cell is one `simulate` in a child pr
 PYTHONPATH is its tree; fractions are of that tree's own ideal (`ideal()`, which includes the
 latency floor). Nothing here is tuned to a workload: every cell runs the shipped defaults.
 
-Levers (this tree, at --lever-k): dora as shipped, without fast lanes (fast_lanes 0), without
-length-aware dispatch (rollout.length_aware false), with neither, and with preempted KV offloaded
-to host memory (SimConfig.kv_offload) instead of recomputed.
+Levers (this tree, at --lever-k): dora as shipped, without fast lanes (fast_lanes 0), and with
+preempted KV offloaded to host memory (SimConfig.kv_offload) instead of recomputed.
 """
 
 from __future__ import annotations
@@ -29,12 +28,9 @@ from concurrent.futures import ThreadPoolExecutor
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AFTER_MODES = ("sync", "partial", "partial_colocated", "partial_inflight", "dora")
 BEFORE_MODES = ("sync", "partial", "dora")
-LEVERS = {"as shipped": {}, "no fast lanes": {"fast_lanes": 0},
-          "no length-aware": {"rollout": {"length_aware": False}},
-          "neither": {"fast_lanes": 0, "rollout": {"length_aware": False}},
-          "+ KV offload": {"kv_offload": True}}
+LEVERS = {"as shipped": {}, "no fast lanes": {"fast_lanes": 0}, "+ KV offload": {"kv_offload": True}}
 KEEP = ("tokens_per_s", "rollout_only_fraction", "c1_violations", "c2_violations", "c3_violations", "lost",
-        "fast_lane_requests", "siblings_started_newest", "preemptions")
+        "fast_lane_requests", "preemptions")
 
 
 def child(spec: dict) -> None:
@@ -129,8 +125,8 @@ def main() -> int:
                 viol = "/".join(str(sum(r[f"c{i}_violations"] for r in d)) for i in (1, 2, 3))
                 print(f"| {w} | {g} | {k} | " + " | ".join(vals) + f" | {ro:.1%} | {viol} | {d[0]['ideal_tokens_per_s']:,.0f} |")
 
-    print(f"\nEach lever on its own, dora at K = {a.lever_k} (fraction of the ideal; requests into lanes / siblings "
-          "started on the newest / preemptions)\n")
+    print(f"\nEach lever on its own, dora at K = {a.lever_k} (fraction of the ideal; requests into lanes / "
+          "preemptions)\n")
     print("| workload | GPUs | " + " | ".join(LEVERS) + " |")
     print("|" + "---|" * (len(LEVERS) + 2))
     for w in wls:
@@ -141,7 +137,7 @@ def main() -> int:
                          else {"label": "lever", "lever": name})
                 f, hit = frac(rows, workload=w, gpus=g, **match)
                 n = hit[0]
-                out.append(f"{f:.3f} ({n['fast_lane_requests']} / {n['siblings_started_newest']} / {n['preemptions']})")
+                out.append(f"{f:.3f} ({n['fast_lane_requests']} / {n['preemptions']})")
             print(f"| {w} | {g} | " + " | ".join(out) + " |")
 
     if a.before:

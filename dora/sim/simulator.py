@@ -300,7 +300,6 @@ def _results(sim: _Sim, warm: int, snap: dict[str, float], end: dict[str, float]
         "c3_violations": summary["c3_violations"],
         "versions_live_max": max(m.versions_live for m in sm),
         "migrated_requests": summary["migrated_requests"], "fast_lane_requests": summary["fast_lane_requests"],
-        "siblings_started_newest": summary["siblings_started_newest"],
         "reprefill_tokens": summary["reprefill_tokens"],
         "weight_loads": summary["weight_loads"], "rebalances": summary["rebalances"],
         "total_time_s": end["t"], "trajectories_trained": summary["trained"],

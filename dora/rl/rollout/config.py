@@ -32,7 +32,6 @@ class RolloutConfig:
     # nothing about hosts one version.
     versions_per_instance: int = 1
     fast_lanes: int = -1                 # async.fast_lanes (declared in dora.graph.model): instances lanes may take
-    length_aware: bool = True            # queued siblings of a running group of a version at risk start on the newest
 
     def resolved(self) -> "RolloutConfig":
         """Validate and fill mode-dependent defaults; returns a new config."""

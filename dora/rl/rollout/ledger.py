@@ -81,7 +81,7 @@ class Ledger:
         self.gauges: dict[str, dict[str, int]] = {}             # replica -> its engine's gauges, as last reported
         self.totals = {"migrated_requests": 0, "migrated_kv_bytes": 0, "fast_lane_requests": 0, "reprefill_tokens": 0,
                        "weight_loads": 0, "rebalances": 0, "retagged_requests": 0, "rollout_only_s": 0.0,
-                       "dropped_unknown": 0, "siblings_started_newest": 0}
+                       "dropped_unknown": 0}
 
     # -- dispatch and completion ---------------------------------------------------------------
     def sent(self, grp: list[Request], version: int, now: float) -> None:

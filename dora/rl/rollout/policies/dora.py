@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from ..deadlines import Deadlines
 from ..fast_lanes import FastLanes
-from ..length_aware import start_siblings_on_newest
 from ..orchestrator import Orchestrator
 from ..packing import VersionPacker
 from ..speed import SpeedModel
@@ -66,8 +65,6 @@ class DoraPolicy(RolloutPolicy):
         self.triggers.last_rebalance = t0
         c.ledger.totals["rebalances"] += 1
         spread, floor, cap = self.lanes.plan()
-        if c.cfg.length_aware:
-            start_siblings_on_newest(d, set(spread))
         moves = self.orch.rebalance(d.newest, d.room() + d.held(), spread, floor, cap)
         if self.packer is not None:
             moves.update(self.packer.rebalance(d.newest, spread))
