@@ -2,6 +2,9 @@
 twice (the transformers folder and DCP shards of {model, optimizer}: the layout before issue 22)
 and once (the transformers folder and DCP shards of {optimizer}: dora's layout now), after one
 AdamW step; and the seconds the manifest's sha256 of the "once" folder takes (dora/rl/checkpoint.py).
+Then the checkpoint as run.save_optimizer and run.save_dtype size it (issue 36): with or without the
+optimizer state, weights in the training dtype or bfloat16, and what RUN_DIR/checkpoints holds with
+the default keep_checkpoints 2 under each save_optimizer.
 
     python3 -m benchmarks.checkpoint_bytes                       # the quickstart's tiny model
     python3 -m benchmarks.checkpoint_bytes --model smollm2-135m-instruct
@@ -52,7 +55,27 @@ def measure(model_cfg: dict) -> dict:
         t0 = time.perf_counter()
         checkpoint.write_manifest(once)
         out["manifest_s"] = time.perf_counter() - t0
+        for with_optimizer in (True, False):
+            for dtype in ("training", "bfloat16"):
+                path = os.path.join(tmp, f"{with_optimizer}-{dtype}")
+                os.makedirs(path)
+                pretrained.save_training_checkpoint(sharded, opt, tok, path, {"step": 1, "version": 1},
+                                                    with_optimizer=with_optimizer, dtype=dtype)
+                out[(with_optimizer, dtype)] = folder_bytes(path)
     return out
+
+
+def sized_table(name: str, r: dict) -> None:
+    """One checkpoint per (optimizer, dtype), and RUN_DIR/checkpoints with keep_checkpoints 2."""
+    print("| model | save_optimizer, save_dtype | newest checkpoint | an older one kept | checkpoints/ (keep 2) | vs all, training |")
+    print("|---|---|---|---|---|---|")
+    base = 2 * r[(True, "training")]
+    for policy in ("all", "last", "never"):
+        for dtype in ("training", "bfloat16"):
+            newest = r[(policy != "never", dtype)]
+            older = r[(policy == "all", dtype)]
+            total = newest + older
+            print(f"| {name} | {policy}, {dtype} | {newest:,} | {older:,} | {total:,} | {total / base:.2f} |")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -68,6 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---|---|---|")
     print(f"| {name} | {r['weights_fp32']:,} | {r['twice']:,} ({r['twice'] / r['weights_fp32']:.2f}x) | "
           f"{r['once']:,} ({r['once'] / r['weights_fp32']:.2f}x) | {r['once'] / r['twice']:.3f} | {r['manifest_s']:.2f} |")
+    print()
+    sized_table(name, r)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     v.add_argument("pipeline", help="pipeline YAML file")
     v.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides, e.g. nodes.rollout.replicas=4")
+    v.add_argument("--data", action="store_true", help="read every row of each file source as the run will (parsed, "
+                   "tokenized, held to the prompt limit) and name every bad row as file:N (default: the first "
+                   "100 rows)")
     z = sub.add_parser("viz", help="draw a pipeline (html, svg, dot, mmd)", epilog=EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     z.add_argument("pipeline", help="pipeline YAML file")
@@ -59,8 +62,10 @@ def _parser() -> argparse.ArgumentParser:
     z.add_argument("--force", action="store_true", help="draw even if the pipeline has validation errors")
     o = sub.add_parser("ops", help="list the built-in operators: ports, columns, params")
     o.add_argument("--json", action="store_true", help="machine-readable output")
+    o.add_argument("--markdown", action="store_true", help="the reference as markdown (docs/reference.md is this)")
     for name in DISPATCH:
         sub.add_parser(name, help=f"see `dora {name} --help`", add_help=False)
+    p.commands = {"validate": v, "viz": z}   # (their options may come after the overrides: parsed intermixed)
     return p
 
 
@@ -71,18 +76,53 @@ def _report(diags: list, stream=None) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    import contextlib
+
     from dora.graph.diagnostics import errors_of
+    from dora.graph.prompt_limits import every_row
     from dora.graph.validate import check_file
 
-    g, diags = check_file(args.pipeline, args.overrides)
+    progress = DataProgress(sys.stderr)
+    with every_row(progress) if args.data else contextlib.nullcontext({}) as counts:
+        g, diags = check_file(args.pipeline, args.overrides)
+    progress.done()
     _report(diags)
     errs = errors_of(diags)
+    rows = "".join(f"; {f}: {n:,} rows read" for f, n in counts.items())
     if g is None or errs:
-        print(f"{args.pipeline}: {len(errs)} error(s), {len(diags) - len(errs)} warning(s)", file=sys.stderr)
+        print(f"{args.pipeline}: {len(errs)} error(s), {len(diags) - len(errs)} warning(s){rows}", file=sys.stderr)
         return 2
     print(f"ok: pipeline {g.name!r} in {args.pipeline}: {len(g.nodes)} nodes, {len(g.edges)} data edges, "
-          f"{len(g.weights)} weights edges, async {g.async_.mode}" + (f"; {len(diags)} warning(s)" if diags else ""))
+          f"{len(g.weights)} weights edges, async {g.async_.mode}" + (f"; {len(diags)} warning(s)" if diags else "")
+          + rows)
     return 0
+
+
+class DataProgress:
+    """`dora validate --data` on a large file: a line on stderr each second (rewritten in place on a
+    terminal) saying how far the read is, from the first second on."""
+
+    def __init__(self, stream, every_s: float = 1.0):
+        import time
+        self.stream, self.every_s, self.clock = stream, every_s, time.monotonic
+        self.start = self.last = self.clock()
+        self.open_line = False   # a terminal line rewritten in place, not ended yet
+
+    def __call__(self, file: str, rows: int, fraction: float | None) -> None:
+        now = self.clock()
+        if now - self.last < self.every_s:
+            return
+        self.last = now
+        part = f" ({fraction:.0%})" if fraction is not None else ""
+        tty = self.stream.isatty()
+        start, end = ("\r", "") if tty else ("", "\n")
+        print(f"{start}reading {file}: {rows:,} rows{part}, {now - self.start:.0f} s", end=end, file=self.stream,
+              flush=True)
+        self.open_line = tty
+
+    def done(self) -> None:
+        if self.open_line:
+            print(file=self.stream)
 
 
 def cmd_viz(args: argparse.Namespace) -> int:
@@ -133,7 +173,9 @@ def cmd_ops(args: argparse.Namespace) -> int:
     from dora.graph.opspec import import_object
 
     ops = builtin_ops()
-    sections = {"async": section_specs(AsyncConfig), "run": section_specs(RunConfig)}
+    # the model section's keys are declared beside the model code (named by string: cli sits above ops)
+    sections = {"model": import_object("dora.ops.model_section:MODEL_KEYS"), "async": section_specs(AsyncConfig),
+                "run": section_specs(RunConfig)}
     # generate's `tools` entries (named by string, as the OpSpecs name their checks: cli sits above ops)
     tools = {kind: import_object(path).settings for kind, path in import_object("dora.ops.tools.tool_registry:KINDS").items()}
     if args.json:
@@ -143,6 +185,9 @@ def cmd_ops(args: argparse.Namespace) -> int:
                             for k, v in sections.items()]
                          + [{"name": k, "tool": True, "params": [p.describe() for p in v.values()]}
                             for k, v in tools.items()], indent=2, default=str))
+        return 0
+    if args.markdown:
+        print(ops_markdown(ops, sections, tools), end="")
         return 0
     for s in ops.values():
         print(f"{s.name}: {s.doc}")
@@ -156,13 +201,15 @@ def cmd_ops(args: argparse.Namespace) -> int:
             cond = f"{w.param} {'not in' if w.negate else 'in'} {list(w.values)}"
             parts = ([f"needs {', '.join(w.needs)}"] if w.needs else []) + ([f"adds {', '.join(w.adds)}"] if w.adds else [])
             print(f"  when     {cond}: {'; '.join(parts)}")
+        if s.columns:
+            print(f"  columns  {s.columns_doc}")
         for ps in s.params.values():
             print(f"  param    {_param_line(ps)}")
         if s.check:
             print(f"  check    {s.check}")
         print()
     for name, specs in sections.items():
-        print(f"{name}: (pipeline section)")
+        print(f"{name}: (pipeline section)" + (" a tiny random model's keys, or path: DIR, or name: NAME" if name == "model" else ""))
         for ps in specs.values():
             print(f"  setting  {_param_line(ps)}")
         print()
@@ -172,6 +219,36 @@ def cmd_ops(args: argparse.Namespace) -> int:
             print(f"  setting  {_param_line(ps)}")
         print()
     return 0
+
+
+def _md_rows(specs) -> list[str]:
+    rows = ["| key | type | default | allowed | what it does |", "|---|---|---|---|---|"]
+    for ps in specs.values():
+        allowed = ", ".join(map(str, ps.choices)) if ps.choices else ps.range_text or (
+            f"names from `{ps.names_from}`" if ps.names_from else "")
+        rows.append(f"| `{ps.name}` | {ps.type} | `{json.dumps(ps.default)}` | {allowed} | {ps.doc.replace('|', '/')} |")
+    return rows
+
+
+def ops_markdown(ops, sections, tools) -> str:
+    """`dora ops --markdown`: docs/reference.md, from the declarations (tests/test_cli.py keeps it current)."""
+    out = ["# Reference: pipeline sections, ops and tools", "",
+           "Generated from the declarations by `dora ops --markdown > docs/reference.md`; do not edit by hand.", "",
+           "## Pipeline sections", ""]
+    for name, specs in sections.items():
+        out += [f"### `{name}:`", "", *_md_rows(specs), ""]
+    out += ["## Ops", ""]
+    for s in ops.values():
+        ports = "; ".join(f"input `{p.name}` needs {', '.join(p.needs) or '-'}" for p in s.inputs) or "a source (no input)"
+        out += [f"### `{s.name}`", "", f"{s.doc}. {ports}; output `out` adds {', '.join(s.adds) or '-'}.", ""]
+        out += [f"- when `{w.param}` {'not in' if w.negate else 'in'} {list(w.values)}: "
+                + "; ".join(([f"needs {', '.join(w.needs)}"] if w.needs else []) + ([f"adds {', '.join(w.adds)}"] if w.adds else []))
+                for w in s.when]
+        out += ([""] if s.when else []) + [*_md_rows(s.params), ""]
+    out += ["## Tools (generate's `tools: [{name, kind, <settings>}]`)", ""]
+    for kind, specs in tools.items():
+        out += [f"### `{kind}`", "", *_md_rows(specs), ""]
+    return "\n".join(out)
 
 
 def _dispatch(name: str, rest: list[str]) -> int:
@@ -196,7 +273,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dispatch(argv[0], argv[1:])
     parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        if argv and argv[0] in parser.commands:   # `dora validate P k=v --data k=v`: options anywhere
+            args = parser.commands[argv[0]].parse_intermixed_args(argv[1:])
+            args.command = argv[0]
+        else:
+            args = parser.parse_args(argv)
     except SystemExit as e:            # argparse: --help/--version (0) or bad arguments (2)
         return int(e.code or 0)
     if args.command is None:

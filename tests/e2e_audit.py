@@ -47,6 +47,21 @@ class RunDir:
         return f"{self.path}: ok={self.summary.get('ok')} error={self.summary.get('error')!r}"
 
 
+class PolicyRunDir(RunDir):
+    """One policy of a run of several, seen as a single-policy run folder: its lines of metrics.jsonl
+    unprefixed, its part of summary.json (with the run's ok and error), its own trained.jsonl
+    (RUN_DIR/policies/<update>/), so every audit above applies to it as it is."""
+
+    def __init__(self, path: Path, policy: str):
+        from dora.observe.metrics import policy_records
+        super().__init__(path)
+        self.policy, self.run_summary, self.lines = policy, self.summary, self.metrics
+        self.summary = {**self.summary["policies"][policy], "ok": self.summary["ok"], "error": self.summary["error"]}
+        self.metrics = policy_records(self.lines, policy)
+        ledger = self.path / "policies" / policy / "trained.jsonl"
+        self.ledger = [json.loads(line) for line in ledger.read_text().splitlines() if line] if ledger.exists() else []
+
+
 def check_metrics(run: RunDir, steps: int, train_batch: int) -> None:
     from dora.graph.builtin_ops import ENGINE_COUNTERS, ENGINE_GAUGES
     from dora.observe.metrics import REQUIRED_KEYS

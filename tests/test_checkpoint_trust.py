@@ -60,3 +60,40 @@ def test_enospc_during_a_checkpoint_keeps_the_last_one_and_fails_naming_path_and
     assert not (out / "checkpoints" / "step_3.partial").exists()
     assert checkpoint.verify(str(out / "checkpoints" / "step_2")) is None
     assert RunDir(out).summary["ended"] == "failed"
+    # run.save_optimizer: last (the default): the newest checkpoint holds the optimizer, the older one kept
+    # is weights and run state, and its manifest still matches every file it has
+    assert (out / "checkpoints" / "step_2" / "sharded").is_dir()
+    assert not (out / "checkpoints" / "step_1" / "sharded").exists()
+    assert checkpoint.verify(str(out / "checkpoints" / "step_1")) is None
+
+
+def test_a_checkpoint_sized_down_loads_back(tmp_path):
+    """save_optimizer never / save_dtype bfloat16: no optimizer shards, weights in bf16 (half the bytes);
+    a restore takes the weights (rounded to bf16, into the fp32 trainer) and says AdamW starts afresh."""
+    import torch
+
+    from dora.ops.models import load_policy
+    from dora.ops.sharding.fsdp_model import ShardedModel
+    from dora.ops.weights import pretrained
+
+    cfg = {"hidden": 32, "layers": 1, "heads": 4, "kv_heads": 2, "intermediate": 64}
+    model, tok = load_policy(cfg, "cpu", seed=0)
+    sharded = ShardedModel(model, None, "cpu")
+    opt = torch.optim.AdamW(sharded.params(), lr=1e-2)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    model(ids, labels=ids).loss.backward()
+    opt.step()
+    sizes = {}
+    for dtype in ("training", "bfloat16"):
+        (tmp_path / dtype).mkdir()
+        pretrained.save_training_checkpoint(sharded, opt, tok, str(tmp_path / dtype), {"step": 1},
+                                            with_optimizer=False, dtype=dtype)
+        assert not pretrained.holds_optimizer(str(tmp_path / dtype))
+        sizes[dtype] = (tmp_path / dtype / "model.safetensors").stat().st_size
+    assert sizes["bfloat16"] < 0.55 * sizes["training"]
+    fresh, _ = load_policy(cfg, "cpu", seed=1)
+    fresh_sharded = ShardedModel(fresh, None, "cpu")
+    assert pretrained.load_training_checkpoint(fresh_sharded, torch.optim.AdamW(fresh_sharded.params()),
+                                               str(tmp_path / "bfloat16")) is False
+    for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
+        assert b.dtype == torch.float32 and torch.equal(a.to(torch.bfloat16).float(), b), name

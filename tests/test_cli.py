@@ -30,6 +30,10 @@ def test_validate_overrides(tmp_path, capsys):
     assert main(["validate", QUICKSTART, "nodes.rollout.replicas=4"]) == 2
     assert "oversubscribed" in capsys.readouterr().err
     assert main(["validate", QUICKSTART, "nodes.rollout.replicas=4", "pools.rollout.count=4"]) == 0
+    # options before, between or after the overrides, as `dora run` takes them
+    assert main(["validate", QUICKSTART, "--data", "nodes.rollout.replicas=4", "pools.rollout.count=4"]) == 0
+    assert main(["validate", QUICKSTART, "nodes.rollout.replicas=4", "--data", "pools.rollout.count=4"]) == 0
+    assert main(["viz", QUICKSTART, "-o", str(tmp_path / "q.mmd"), "async.mode=dora"]) == 0
 
 
 def test_scale_errors_exit_2_with_file_line(tmp_path, capsys):
@@ -95,6 +99,23 @@ def test_ops(capsys):
     # the tool kinds generate's `tools` entries may name, with their settings
     tools = {o["name"]: {p["name"] for p in o["params"]} for o in ops if o.get("tool")}
     assert tools["python"] >= {"timeout_s", "cpu_s", "memory_mb"} and "top_k" in tools["search"]
+    # the pipeline's sections, every key with its default: model, async, run
+    sections = {o["name"]: {p["name"]: p["default"] for p in o["params"]} for o in ops if o.get("section")}
+    assert list(sections) == ["model", "async", "run"]
+    assert sections["model"]["max_positions"] == 512 and {"path", "name", "arch"} <= set(sections["model"])
+    assert sections["async"]["mode"] == "sync" and sections["run"]["save_optimizer"] == "last"
+    assert "model: (pipeline section)" in out and "max_positions: int = 512" in out
+
+
+def test_the_reference_in_docs_is_what_dora_ops_prints(capsys):
+    """docs/reference.md is generated from the declarations: a setting added or changed must be
+    regenerated (`dora ops --markdown > docs/reference.md`)."""
+    import pathlib
+    assert main(["ops", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    doc = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "reference.md").read_text()
+    assert doc == out, "docs/reference.md is out of date: run `dora ops --markdown > docs/reference.md`"
+    assert "### `model:`" in doc and "| `max_positions` | int | `512` |" in doc and "| `save_optimizer` |" in doc
 
 
 def test_run_and_simulate_dispatch(monkeypatch, capsys):

@@ -101,18 +101,30 @@ def test_parquet_and_size_limit(tmp_path):
 
 
 @pytest.mark.parametrize("content, msg", [
-    ('{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n', r"d.jsonl line 2: no answer"),
-    ('{"prompt": "a", "answer": "1"}\nnot json\n', r"d.jsonl line 2: not valid JSON"),
-    ('{"prompt": 5, "answer": "1"}\n', r"d.jsonl line 1: column 'prompt' must be text"),
-    ('[1, 2]\n', r"line 1: expected a JSON object"),
+    ('{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n', r"d.jsonl:2: no answer"),
+    ('{"prompt": "a", "answer": "1"}\nnot json\n', r"d.jsonl:2: not valid JSON"),
+    ('{"prompt": 5, "answer": "1"}\n', r"d.jsonl:1: column 'prompt' must be text"),
+    ('[1, 2]\n', r"d.jsonl:1: expected a JSON object"),
+    ('{"prompt": "a", "answer": "1"}\n\xff\n', r"d.jsonl:2: not UTF-8 text"),
     ('', r"no rows"),
 ])
 def test_bad_jsonl_names_file_and_line(tmp_path, content, msg):
-    from dora.ops.data_files import file_records   # (what the op reads at setup; validation: tests/test_bad_data.py)
     path = tmp_path / "d.jsonl"
-    path.write_text(content)
-    with pytest.raises(DatasetError, match=msg):
-        file_records(str(path), 0)
+    path.write_bytes(content.encode("latin-1"))
+    with pytest.raises(DatasetError, match=msg):   # what the op reads at setup (validation: tests/test_bad_data.py)
+        make(source=str(path), size=0)
+
+
+def test_prompts_over_max_prompt_tokens_are_refused_or_skipped_and_counted(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps({"prompt": "x" * n, "answer": "1"}) + "\n" for n in (5, 40, 6, 50, 7)))
+    with pytest.raises(DatasetError, match=r"d.jsonl:2: the prompt is 40 tokens, over the limit of 20"):
+        make(source=str(path), size=0, max_prompt_tokens=20)
+    op = make(source=str(path), size=0, max_prompt_tokens=20, on_error="skip", group_size=1, epochs=1, shuffle=False)
+    assert [len(r["prompt_ids"]) for r in op.records] == [5, 6, 7]
+    assert op.skipped[0] == 2 and "d.jsonl:4: the prompt is 50 tokens" in op.skipped[1][1]
+    with pytest.raises(DatasetError, match=r"synthetic:quickstart\[0\]: the prompt is \d+ tokens, over the limit of 2"):
+        make(source="synthetic:quickstart", size=4, max_prompt_tokens=2)   # every source, not only files
 
 
 def test_unreadable_parquet_and_missing_file(tmp_path):

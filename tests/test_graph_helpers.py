@@ -144,6 +144,12 @@ def valid_graphs(draw) -> Graph:
         params.update(fixed.get(op, {}))
         if op == "generate" and engine != "torch":
             params.pop("kv_cache_gb", None)   # the torch engine's setting: vllm refuses it (generate.check_params)
+        # prompts must fit the context (512: the tiny model's) with max_tokens beside them on vllm, and a
+        # dataset's max_prompt_tokens within that (dora/graph/prompt_limits.py)
+        if op == "generate" and params.get("max_tokens"):
+            params["max_tokens"] = min(params["max_tokens"], 448)
+        if op == "dataset" and params.get("max_prompt_tokens"):
+            params["max_prompt_tokens"] = min(params["max_prompt_tokens"], 64)
         pool = "gen" if op == "generate" else "learn" if op in ("update", "critic", "reference") else None
         # generate: data-parallel replicas, a TP group each on vllm; update/critic/reference: ranks of one group
         devices = draw(st.integers(1, 2)) if op == "generate" and params.get("engine") == "vllm" else 1

@@ -34,7 +34,8 @@ def doc_table() -> dict[str, dict]:
 
 def test_builtins_match_the_architecture_table():
     table = doc_table()
-    assert set(table) == set(BUILTIN_OPS) == {"dataset", "generate", "reward", "reference", "critic", "advantage", "filter", "update"}
+    assert set(table) == set(BUILTIN_OPS) == {"dataset", "generate", "reward", "reward_model", "judge", "reference",
+                                              "critic", "advantage", "filter", "update", "to_prompts", "frontier"}
     for op, row in table.items():
         spec = BUILTIN_OPS[op]
         assert [c for p in spec.inputs for c in p.needs] == row["needs"], op
@@ -46,9 +47,12 @@ def test_builtins_match_the_architecture_table():
 def test_ports_and_impl_paths():
     ports = {op: [p.name for p in s.inputs] for op, s in BUILTIN_OPS.items()}
     assert ports == {"dataset": [], "generate": ["prompts"], "reward": ["trajectories"], "reference": ["trajectories"],
-                     "critic": ["trajectories"], "advantage": ["scored"], "filter": ["scored"], "update": ["batch"]}
+                     "critic": ["trajectories"], "advantage": ["scored"], "filter": ["scored"], "update": ["batch"],
+                     "reward_model": ["trajectories"], "judge": ["trajectories"],
+                     "to_prompts": ["trajectories"], "frontier": ["trajectories", "solved"]}
     for op, s in BUILTIN_OPS.items():
-        assert s.outputs == ("out",) and s.impl == f"dora.ops.{op}:{op.capitalize()}Op"
+        cls = "".join(w.capitalize() for w in op.split("_")) + "Op"
+        assert s.outputs == ("out",) and s.impl == f"dora.ops.{op}:{cls}"
     assert BUILTIN_OPS["update"].is_update and BUILTIN_OPS["generate"].is_generate
     json.dumps([s.describe() for s in BUILTIN_OPS.values()])     # JSON-able for `dora ops --json`
 
@@ -66,6 +70,26 @@ def test_graph_imports_ops_only_through_declared_paths():
             "validate(load_graph('pipelines/quickstart.yaml')); "
             "bad = [m for m in sys.modules if m.startswith('dora.runtime')]; assert not bad, bad")
     r = subprocess.run([sys.executable, "-c", code], cwd=os.path.join(os.path.dirname(__file__), ".."), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_validating_every_shipped_pipeline_imports_no_torch():
+    """`dora validate` stays fast: no check of a shipped pipeline needs torch or transformers (the
+    algos registries load torch at first use, dora/algos/lazy.py; op checks live beside the ops in
+    modules that import no engine; the model section is read as JSON). A check that does need them
+    (a data file's prompts under a real model's tokenizer) imports them itself."""
+    import glob
+    import subprocess
+    import sys
+
+    code = ("import sys, glob; from dora.cli import main; "
+            "rcs = {p: main(['validate', p]) for p in sorted(glob.glob('pipelines/*.yaml'))}; "
+            "assert set(rcs.values()) == {0}, rcs; "
+            "heavy = sorted(m for m in ('torch', 'transformers', 'networkx') if m in sys.modules); "
+            "assert not heavy, f'dora validate imported {heavy}'")
+    root = os.path.join(os.path.dirname(__file__), "..")
+    assert len(glob.glob(os.path.join(root, "pipelines", "*.yaml"))) >= 9
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
 
 

@@ -291,6 +291,17 @@ def test_every_error_at_once(tmp_path):
 def test_override_errors_point_at_the_command_line(tmp_path):
     d = only(diagnose(tmp_path, BASE, ["nodes.rollout.params.temprature=0.5"]))
     assert "<command line: nodes.rollout.params.temprature=0.5>" in d.format() and "'temperature'" in d.hint
+    # a node, a pool or a key the pipeline does not have: did-you-mean, at the override (not an empty node)
+    d = only(diagnose(tmp_path, BASE, ["nodes.trian.params.steps=3"]))
+    assert d.format().startswith("<command line: nodes.trian.params.steps=3>: error: override") and \
+        "names node 'trian', which the pipeline does not have" in d.message and "did you mean 'train'?" in d.hint, d.format()
+    d = only(diagnose(tmp_path, BASE, ["pools.rollot.count=2"]))
+    assert "names pool 'rollot'" in d.message and "did you mean 'rollout'?" in d.hint, d.format()
+    d = only(diagnose(tmp_path, BASE, ["nodes.train.parms.steps=3"]))
+    assert d.format().startswith("<command line: nodes.train.parms.steps=3>: error: node 'train': unknown key 'parms'") \
+        and "did you mean 'params'?" in d.hint, d.format()
+    added = diagnose(tmp_path, BASE, ["nodes.extra={op: reward, inputs: {trajectories: rollout/out}}"])
+    assert [d.format() for d in added if d.severity == "error"] == []   # a new node given whole is fine
 
 
 def test_load_and_validate_raises_with_every_diagnostic(tmp_path):
@@ -337,12 +348,17 @@ def test_user_op_is_checked_like_a_builtin(tmp_path, monkeypatch):
 def test_validate_works_on_python_built_graphs():
     from dora.graph.builder import Pipeline
 
+    import inspect
+
+    line = inspect.currentframe().f_lineno
     p = Pipeline("py", pools={"rollout": ("cpu", 1)})
     prompts = p.node("prompts", "dataset")
-    rollout = p.node("rollout", "generate", pool="rollout", replicas=2)
+    rollout = p.node("rollout", "generate", pool="rollout", replicas=2, temprature=1.0)
     prompts >> rollout
-    d = only(validate(p.graph))
-    assert "oversubscribed" in d.message and str(d.loc) == "<python>"
+    errs = [d for d in validate(p.graph) if d.severity == "error"]
+    pool, param = sorted(errs, key=lambda d: d.loc.line)   # each at the Python line that made it
+    assert "oversubscribed" in pool.message and str(pool.loc) == f"{__file__}:{line + 1}"
+    assert "did you mean 'temperature'" in param.format() and str(param.loc) == f"{__file__}:{line + 3}"
 
 
 def test_formatter_shape():

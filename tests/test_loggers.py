@@ -64,10 +64,15 @@ def test_tensorboard_sink_writes_event_files_read_back(tmp_path):
     assert [(e.step, round(e.value, 4)) for e in ea.Scalars("reward_mean")] == [(1, 0.1), (2, 0.2), (3, 0.3)]
 
 
-def test_wandb_sink_writes_an_offline_run_read_back(tmp_path):
+def test_wandb_sink_writes_an_offline_run_read_back(tmp_path, monkeypatch):
+    """Offline (the default), named as asked: project from run.wandb, name from WANDB_NAME."""
     pytest.importorskip("wandb")
-    from tests.wandb_records import history
-    sinks = open_sinks(["wandb"], str(tmp_path), "t", {"mode": "dora"})
+    import glob
+
+    from tests.wandb_records import history, records
+    monkeypatch.setenv("WANDB_NAME", "from-env")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    sinks = open_sinks(["wandb"], str(tmp_path), "t", {"mode": "dora"}, {"wandb": {"project": "my-project"}})
     for r in RECORDS:
         write_to(sinks, r)
     for s in sinks:
@@ -76,6 +81,9 @@ def test_wandb_sink_writes_an_offline_run_read_back(tmp_path):
     assert [r["_step"] for r in rows] == [1, 2, 3]
     assert [round(r["reward_mean"], 4) for r in rows] == [0.1, 0.2, 0.3]
     assert all("note" not in r and "flag" not in r for r in rows)
+    run = next(r.run for r in records(glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))[0])
+               if r.WhichOneof("record_type") == "run")
+    assert (run.project, run.display_name) == ("my-project", "from-env")
 
 
 def test_a_run_logs_every_step_to_tensorboard_and_wandb(tmp_path, remove_shm_weights):
@@ -96,3 +104,19 @@ def test_a_run_logs_every_step_to_tensorboard_and_wandb(tmp_path, remove_shm_wei
     rows = history(str(tmp_path))
     assert [r["_step"] for r in rows] == [1, 2, 3]
     assert [r["tokens_per_s"] for r in rows] == [pytest.approx(m["tokens_per_s"]) for m in metrics]
+
+
+def test_wandb_project_entity_name_come_from_the_pipeline_then_the_environment():
+    """Offline stays the default; online, project, entity and name are set in run.wandb or WANDB_*."""
+    assert loggers.wandb_run({}, "grpo", "run-1", env={}) == {"project": "grpo", "entity": None, "name": "run-1",
+                                                              "mode": "offline"}
+    env = {"WANDB_PROJECT": "p-env", "WANDB_ENTITY": "team", "WANDB_MODE": "online"}
+    assert loggers.wandb_run({}, "grpo", "run-1", env=env) == {"project": "p-env", "entity": "team", "name": "run-1",
+                                                               "mode": "online"}
+    mine = {"project": "mine", "name": "first try", "mode": "offline"}
+    assert loggers.wandb_run(mine, "grpo", "run-1", env=env) == {"project": "mine", "entity": "team",
+                                                                 "name": "first try", "mode": "offline"}
+    errs = _errors("run.loggers=[wandb]", "run.wandb={projetc: x, mode: onlin}")
+    assert any("unknown key 'projetc'" in e and "did you mean 'project'" in e for e in errs), errs
+    assert any("run.wandb.mode must be one of ['offline', 'online']" in e and "did you mean 'online'" in e for e in errs)
+    assert _errors("run.loggers=[wandb]", "run.wandb={project: rl, entity: me, name: a, mode: online}") == []

@@ -88,6 +88,13 @@ def test_dry_run_shows_rollout_and_trainer_on_gpu_0_without_a_gpu(capsys, monkey
     assert "this machine has 0" in out
     assert run_main([str(GPU_SINGLE), "--backend", "ray", "--dry-run"]) == 2
     assert "local backend only" in capsys.readouterr().err
+    # run without a GPU: refused before anything starts, with the override that tries it on the CPU
+    assert run_main([str(GPU_SINGLE), "--out", "/nonexistent/never-made"]) == 2
+    err = capsys.readouterr().err
+    assert "To try it on this machine's CPU, override: pools.gpu.device=cpu" in err and "Traceback" not in err, err
+    from dora.graph.diagnostics import errors_of
+    from dora.graph.validate import check_file
+    assert errors_of(check_file(str(GPU_SINGLE), ["pools.gpu.device=cpu"])[1]) == []   # and that override validates
 
 
 def test_plan_says_which_replicas_share_the_trainers_devices():

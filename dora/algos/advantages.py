@@ -15,10 +15,13 @@ Every result is zero where mask is 0.
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
+from dora.algos.lazy import torch
 from dora.algos.registry import Registry
+
+if TYPE_CHECKING:   # (annotations only: torch itself is imported at first use, dora/algos/lazy.py)
+    from torch import Tensor
 
 ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
 register = ADVANTAGE_ESTIMATORS.register

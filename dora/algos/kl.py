@@ -9,10 +9,13 @@ penalty (token_rewards = -kl_coef * kl, see dora.ops.advantage) or a loss term (
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
+from dora.algos.lazy import torch
 from dora.algos.registry import Registry
+
+if TYPE_CHECKING:   # (annotations only: torch itself is imported at first use, dora/algos/lazy.py)
+    from torch import Tensor
 
 KL_ESTIMATORS = Registry("kl estimator")
 

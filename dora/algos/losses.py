@@ -26,13 +26,14 @@ a mean over this call's masked tokens, with "tokens" to weight them when combini
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from dora.algos import kl as kl_mod
+from dora.algos.lazy import torch
 from dora.algos.registry import Registry
+
+if TYPE_CHECKING:   # (annotations only: torch itself is imported at first use, dora/algos/lazy.py)
+    from torch import Tensor
 
 LOSSES = Registry("policy loss")
 AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")

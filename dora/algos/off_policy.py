@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import Tensor
-
+from dora.algos.lazy import torch
 from dora.algos.registry import Registry
+
+if TYPE_CHECKING:   # (annotations only: torch itself is imported at first use, dora/algos/lazy.py)
+    from torch import Tensor
 
 OFF_POLICY = Registry("off-policy correction")
 LOG_RATIO_BOUND = 20.0   # exp(20) ~ 5e8: beyond it a ratio is "infinite" for every correction here
@@ -85,31 +86,37 @@ def none(log_r: Tensor, mask: Tensor) -> tuple[Tensor, float]:
     return torch.ones_like(log_r), 1.0
 
 
-@OFF_POLICY.register("tis")
+def _cap_rules(*, cap: float) -> None:
+    _positive("cap", cap)
+
+
+@OFF_POLICY.register("tis", rules=_cap_rules)
 def tis(log_r: Tensor, mask: Tensor, *, cap: float = 2.0) -> tuple[Tensor, float]:
     """Truncated importance sampling: w = min(r, cap). Biased where r > cap, variance bounded by cap^2."""
-    _positive("cap", cap)
     return torch.exp(log_r).clamp(max=cap), 1.0
 
 
-@OFF_POLICY.register("icepop")
+def _icepop_rules(*, low: float, high: float) -> None:
+    _positive("low", low)
+    _positive("high", high)
+    if high <= low:
+        raise ValueError(f"icepop: high ({high}) must be > low ({low})")
+
+
+@OFF_POLICY.register("icepop", rules=_icepop_rules)
 def icepop(log_r: Tensor, mask: Tensor, *, low: float = 0.5, high: float = 2.0) -> tuple[Tensor, float]:
     """Masked importance sampling (IcePop): w = r inside [low, high], 0 outside: a token the two
     policies disagree on that much is dropped instead of kept at a truncated weight."""
-    _positive("low", low)
-    if high <= low:
-        raise ValueError(f"icepop: high ({high}) must be > low ({low})")
     r = torch.exp(log_r)
     return torch.where((r >= low) & (r <= high), r, torch.zeros_like(r)), 1.0
 
 
-@OFF_POLICY.register("m2po")
+@OFF_POLICY.register("m2po", rules=lambda *, m2_max: _positive("m2_max", m2_max))
 def m2po(log_r: Tensor, mask: Tensor, *, m2_max: float = 0.04) -> tuple[Tensor, float]:
     """M2PO-style second-moment bound: drop the tokens with the largest (log r)^2, largest first, until
     the mean of (log r)^2 over the tokens kept is <= m2_max; w = r (untruncated) on the tokens kept.
     Only extreme outliers go, and only as many as the bound needs: a batch already inside it is
     untouched."""
-    _positive("m2_max", m2_max)
     sq = (log_r ** 2) * mask
     valid = mask > 0
     vals = sq[valid]
@@ -133,24 +140,26 @@ def m2po(log_r: Tensor, mask: Tensor, *, m2_max: float = 0.04) -> tuple[Tensor, 
 m2po.batch_wide = True
 
 
-@OFF_POLICY.register("ess_lr")
+def _ess_lr_rules(*, cap: float, power: float) -> None:
+    _positive("cap", cap)
+    if not (isinstance(power, (int, float)) and math.isfinite(power) and power >= 0):
+        raise ValueError(f"ess_lr: power must be >= 0, got {power!r}")
+
+
+@OFF_POLICY.register("ess_lr", rules=_ess_lr_rules)
 def ess_lr(log_r: Tensor, mask: Tensor, *, cap: float = 2.0, power: float = 0.5) -> tuple[Tensor, float]:
     """Truncated IS weights (as tis) and a smaller step when the batch carries less information
     (VCPO-style): lr_scale = ESS ** power, ESS the normalised effective sample size of the sequence
     weights (sequence_ess). power 0.5 is the square-root rule for Adam (the update's optimizer):
     the step size that matches a batch of ESS * N independent samples."""
-    _positive("cap", cap)
-    if power < 0:
-        raise ValueError(f"ess_lr: power must be >= 0, got {power}")
     return torch.exp(log_r).clamp(max=cap), sequence_ess(log_r, mask) ** power
 
 
-@OFF_POLICY.register("decoupled")
+@OFF_POLICY.register("decoupled", rules=_cap_rules)
 def decoupled(log_r: Tensor, mask: Tensor, *, cap: float = 5.0) -> tuple[Tensor, float]:
     """Decoupled PPO's behaviour weight as AReaL applies it: w = r = pi_prox / pi_behav, tokens with
     r > cap dropped (not truncated). The PPO ratio and its clip are against pi_prox (the loss's
     old_logprobs), so the trust region is around the trainer's own weights, not the sampler's."""
-    _positive("cap", cap)
     r = torch.exp(log_r)
     return torch.where(r <= cap, r, torch.zeros_like(r)), 1.0
 

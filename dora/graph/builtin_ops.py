@@ -36,10 +36,10 @@ DATASET = OpSpec(
     name="dataset",
     doc="Source of prompts: one row per prompt, repeated group_size times per group",
     inputs=(),
-    adds=("uid", "group_id", "prompt", "prompt_ids", "answer", "task"),
+    adds=("uid", "group_id", "prompt", "question", "prompt_ids", "answer", "task"),
     params=_params(
         P("source", "str", "synthetic:quickstart", "synthetic:NAME, reasoning_gym:NAME, or a .jsonl/.parquet path",
-          names_from="dora.ops.dataset:source_problem"),
+          names_from="dora.ops.dataset_settings:source_problem"),
         P("size", "int", 256, "number of distinct prompts (0 = every row of a file)", min=0),
         P("group_size", "int", 8, "responses per prompt (G)", min=1),
         P("batch_prompts", "int", 4, "prompts per emitted batch", min=1),
@@ -48,11 +48,14 @@ DATASET = OpSpec(
         P("epochs", "int", 0, "passes over the data (0 = endless)", min=0),
         P("task_params", "dict", {}, "extra arguments for the task generator"),
         P("chat_template", "str?", None, "chat template (null = the model's default)"),
-        P("on_error", "str", "fail", "a bad row of a file source: fail the run naming file:line (exit 2), or skip "
-          "it (skipped rows are counted in summary.json accounting.dataset_skipped_rows)", choices=("fail", "skip")),
+        P("max_prompt_tokens", "int?", None, "longest prompt (tokens, chat template applied) a row may have; null = "
+          "what the generate node's context takes (derived when the model's context is known: engine torch the "
+          "context less 1, vllm less max_tokens). A longer row is bad, as on_error says", min=1),
+        P("on_error", "str", "fail", "a row that cannot be used (malformed, or over max_prompt_tokens): fail the "
+          "run naming file:line (exit 2), or skip it (skipped rows are counted in summary.json "
+          "accounting.dataset_skipped_rows)", choices=("fail", "skip")),
     ),
     impl="dora.ops.dataset:DatasetOp",
-    check="dora.ops.dataset:check_params",
 )
 
 GENERATE = OpSpec(
@@ -93,25 +96,110 @@ GENERATE = OpSpec(
           "the next turn prefills only the observation; false: every turn prefills its whole context"),
     ),
     impl="dora.ops.generate:GenerateOp",
-    check="dora.ops.generate:check_params",
+    check="dora.ops.generate_settings:check_params",
     is_generate=True,
-    devices_check="dora.ops.generate:devices_problem",
+    devices_check="dora.ops.generate_settings:devices_problem",
     when=(When("max_turns", (1,), adds=MULTITURN_COLUMNS, negate=True),),
 )
 
 REWARD = OpSpec(
     name="reward",
-    doc="Score each trajectory with a verifier or a reward function",
+    doc="Score each trajectory with a verifier or a reward function, or sum weighted sources",
     inputs=(PortSpec("trajectories", ("response_text", "answer")),),
     adds=("reward",),
     params=_params(
-        P("fn", "str", "synthetic", "synthetic, math_verify, reasoning_gym, format, or pkg.module:function",
+        P("fn", "str", "synthetic", "synthetic, math_verify, reasoning_gym, format, or pkg.module:function "
+          "fn(response_text, answer, row, **params) -> float, sync or async (docs/reward_functions.md)",
           names_from="dora.ops.reward:fn_problem"),
         P("on_error", "str", "fail", "what a failing reward function does", choices=("fail", "zero")),
         P("params", "dict", {}, "extra arguments for the reward function"),
+        P("sources", "list", [], "instead of fn: [{name, fn | column, weight, params}]; reward = sum of weight x "
+          "value, each kept as column reward/<name> and metric reward/<name> (dora/ops/reward_sources.py)"),
     ),
     impl="dora.ops.reward:RewardOp",
+    check="dora.ops.reward:check_params",
+    columns="dora.ops.reward_sources:reward_columns",
     when=(When("fn", ("reasoning_gym",), needs=("task",)),),
+)
+
+# The output column of a model that scores (reward_model, judge): `reward`, or reward/<name> for a reward
+# node's sources.
+SCORE_COLUMN = P("column", "str", "reward", "the score's column: reward (feeds advantage) or reward/<name> (a "
+                 "source of a reward node)", names_from="dora.ops.reward_sources:column_problem")
+SCORER_DTYPE = P("dtype", "str", "float32", "weights and compute dtype (bfloat16 on GPUs)",
+                 choices=("float32", "bfloat16", "float16"))
+
+REWARD_MODEL = OpSpec(
+    name="reward_model",
+    doc="Score prompt + response with a reward model (a sequence classifier with one label)",
+    inputs=(PortSpec("trajectories", ("response_text",)),),
+    adds=(),
+    params=_params(
+        P("model", "dict?", None, "the reward model: {path: DIR} (AutoModelForSequenceClassification, num_labels 1) "
+          "or a tiny seeded one {arch: llama, hidden: ..., tokenizer: chars} (dora/ops/classifier_models.py)"),
+        P("template", "str", "{prompt}{response}", "the scored text: {prompt} {response} {answer} filled from the row, "
+          "tokenized by the reward model's tokenizer"),
+        SCORE_COLUMN,
+        P("token_budget", "int", 8192, "padded tokens per forward pass (rows x longest row)", min=1),
+        P("max_length", "int?", None, "longest input in tokens (null: the model's positions); a longer one keeps "
+          "its last max_length tokens (counted as truncated)", min=1),
+        SCORER_DTYPE,
+    ),
+    impl="dora.ops.reward_model:RewardModelOp",
+    check="dora.ops.reward_model:check_params",
+    columns="dora.ops.reward_sources:scorer_columns",
+)
+
+# A judge's failures by kind: its `judge_errors` events carry these counts, the RL driver sums them per step
+# into metrics judge_<kind> (and over the run into summary.json's accounting).
+JUDGE_ERRORS = ("parse_errors", "timeouts", "server_errors")
+
+JUDGE = OpSpec(
+    name="judge",
+    doc="Score each trajectory with an LLM judge: a rubric in, a parsed verdict out",
+    inputs=(PortSpec("trajectories", ("uid", "response_text")),),
+    adds=(),
+    params=_params(
+        P("engine", "str", "torch", "who judges: the torch or vllm engine here (the judge's own model), or http "
+          "(a server speaking the OpenAI API, e.g. vllm serve)", choices=("torch", "vllm", "http")),
+        P("model", "dict?", None, "torch/vllm: the judge's model section (as the pipeline's model:; null = the "
+          "pipeline's, frozen at its initial weights)"),
+        P("rubric", "str", "Rate the response to the question from 0 (wrong or useless) to 10 (correct and clear). "
+          "Reply with the number only.\n\nQuestion:\n{prompt}\n\nResponse:\n{response}\n\nScore:", "the judge's prompt: {prompt} {response} and optionally {answer} "
+          "filled from the row (other braces are literal); the part before the first placeholder is prefilled "
+          "once per batch (prefix cache)"),
+        P("chat", "bool", True, "wrap the rubric as the user message of the judge tokenizer's chat template (when "
+          "it has one); http: api chat does this on the server"),
+        P("parser", "str", "number", "verdict -> score in [0, 1]: number (in range), yes_no, letter (A B C D F) or "
+          "regex (pattern's first group)", names_from="dora.ops.judge.verdicts:PARSERS"),
+        P("pattern", "str?", None, "parser regex: the regex whose first group is the verdict"),
+        P("range", "list", [0, 10], "[lo, hi] of a numeric verdict (outside: a parse error); score = (x - lo) / (hi - lo)"),
+        P("values", "dict", {}, "verdict word -> score (yes_no and letter have defaults; regex: words instead of numbers)"),
+        SCORE_COLUMN,
+        P("on_error", "str", "zero", "an unparseable verdict, a timeout, a server error: fail the run, score 0, or "
+          "skip (drop the whole group: C2)", choices=("fail", "zero", "skip")),
+        P("temperature", "float", 0.0, "the judge's sampling temperature (0 = greedy)", min=0),
+        P("top_p", "float", 1.0, "nucleus sampling threshold", min=1e-6, max=1.0),
+        P("top_k", "int", 0, "top-k sampling (0 = off)", min=0),
+        P("max_tokens", "int", 16, "longest verdict in tokens", min=1),
+        P("max_batch", "int", 64, "torch/vllm: concurrent sequences per replica", min=1),
+        P("max_in_flight", "int", 64, "rows a replica holds under judgement; past it the input edge back-pressures", min=1),
+        SCORER_DTYPE,
+        P("kv_cache_gb", "float?", None, "torch engine: GiB of KV cache per replica (null: as generate derives it)", min=0.001),
+        P("url", "str?", None, "http: the API's base URL, e.g. http://127.0.0.1:8000/v1"),
+        P("served_model", "str?", None, "http: the model name to ask for (null: the first the server lists)"),
+        P("api", "str", "completions", "http: completions (the rubric as the prompt) or chat (as the user message)",
+          choices=("completions", "chat")),
+        P("concurrency", "int", 8, "http: requests open at once per replica", min=1),
+        P("timeout_s", "float", 60.0, "http: the longest wait for one answer", min=0.001),
+        P("retries", "int", 2, "http: tries after a timeout, a refused connection, 429 or 5xx", min=0),
+        P("start_timeout_s", "float", 60.0, "http: how long start-up waits for the server to answer GET /models "
+          "before the run fails naming it", min=0),
+    ),
+    impl="dora.ops.judge:JudgeOp",
+    check="dora.ops.judge.judge_checks:check_params",
+    columns="dora.ops.reward_sources:scorer_columns",
+    devices_check="dora.ops.judge.judge_checks:devices_problem",
 )
 
 REFERENCE = OpSpec(
@@ -214,6 +302,48 @@ UPDATE = OpSpec(
     when=(When("kl_coef", (0, 0.0), needs=("ref_logprobs",), negate=True),),
 )
 
+# Data across policies (docs/architecture.md, "Several policies")
+TO_PROMPTS = OpSpec(
+    name="to_prompts",
+    doc="Another policy's prompts from this policy's trajectories: each trajectory becomes one prompt group "
+        "(a challenger's proposal becomes a solver's problem)",
+    inputs=(PortSpec("trajectories", ("uid", "response_text", "policy_version")),),
+    adds=("uid", "group_id", "prompt", "prompt_ids", "answer", "task", "source_uid"),
+    params=_params(
+        P("task", "str", "synthetic:quickstart", "the synthetic task whose propose rule turns a response into a problem "
+          "and whose scorer grades the answers", names_from="dora.ops.to_prompts:propose_problem"),
+        P("task_params", "dict", {}, "extra arguments for the task's propose rule"),
+        P("group_size", "int", 8, "responses per problem (G of the policy it feeds)", min=1),
+        P("chat_template", "str?", None, "chat template (null = the model's default)"),
+        P("version_column", "str?", None, "the column recording the proposing policy's version (null = "
+          "<its update node>_version)"),
+    ),
+    impl="dora.ops.to_prompts:ToPromptsOp",
+    carries=(),
+)
+
+FRONTIER = OpSpec(
+    name="frontier",
+    doc="Score a policy's trajectories by another policy's answers to them: reward 1 at the answers' target "
+        "success rate (R-Zero's uncertainty reward at target 0.5), falling to 0 where they always or never succeed",
+    inputs=(PortSpec("trajectories", ("uid", "group_id")),
+            PortSpec("solved", ("source_uid", "group_id", "reward", "policy_version"))),
+    adds=("reward", "answers_reward_mean"),
+    params=_params(
+        P("answers", "int?", None, "answers per trajectory (null = the group size of the policy that answers)", min=1),
+        P("target", "float", 0.5, "the answers' mean reward (or success rate) that scores 1", min=0.0, max=1.0),
+        P("success", "float?", None, "an answer whose reward reaches this solves the problem, and the trajectory is "
+          "scored on the share of answers that do (null: on their mean reward)"),
+        P("repetition", "float", 0.0, "R-Zero's repetition penalty: the reward less this x the share of the "
+          "trajectory's group that poses the same problem", min=0.0),
+        P("version_column", "str?", None, "the column recording the answering policy's newest version among the "
+          "answers (null = <its update node>_version)"),
+    ),
+    impl="dora.ops.frontier:FrontierOp",
+    carries=("trajectories",),
+)
+
 BUILTIN_OPS: dict[str, OpSpec] = {
-    s.name: s for s in (DATASET, GENERATE, REWARD, REFERENCE, CRITIC, ADVANTAGE, FILTER, UPDATE)
+    s.name: s for s in (DATASET, GENERATE, REWARD, REWARD_MODEL, JUDGE, REFERENCE, CRITIC, ADVANTAGE, FILTER, UPDATE,
+                        TO_PROMPTS, FRONTIER)
 }

@@ -13,6 +13,7 @@ COLUMNS: dict[str, pa.DataType] = {
     "uid": pa.string(),                      # unique per trajectory (per prompt before generation)
     "group_id": pa.int64(),                  # prompt id: the G responses of one prompt share it
     "prompt": pa.string(),                   # prompt text (or chat rendered to text)
+    "question": pa.string(),                 # the prompt as written, before any chat template (what a judge reads)
     "prompt_ids": pa.list_(pa.int32()),
     "answer": pa.string(),                   # ground truth for verifiable rewards
     "task": pa.string(),                     # task name, for task-specific verifiers
@@ -37,6 +38,13 @@ COLUMNS: dict[str, pa.DataType] = {
 }
 
 
+# One column per reward source, `reward/<source>` (a reward node's `sources`, a scorer's `column`):
+# float32, as `reward` is.
+SOURCE_PREFIX = "reward/"
+
+
 def arrow_type(name: str) -> pa.DataType | None:
-    """The Arrow type of a well-known column, or None for a task-specific one."""
+    """The Arrow type of a well-known column (a reward source's included), or None for a task-specific one."""
+    if name.startswith(SOURCE_PREFIX):
+        return COLUMNS["reward"]
     return COLUMNS.get(name)

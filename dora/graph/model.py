@@ -24,7 +24,7 @@ class SourceLoc:
 
     def __str__(self) -> str:
         if self.file is None:
-            return "<python>"
+            return "<python>"   # (the builder records the caller's file:line; this is a Graph made by hand)
         return f"{self.file}:{self.line}" if self.line is not None else self.file
 
 
@@ -78,6 +78,9 @@ class Node:
     # The fraction of each of its devices' memory one replica holds (0 < memory <= 1; None: the whole
     # device). Nodes of one pool that all declare it may share its devices (dora/graph/device_shares.py).
     memory: float | None = None
+    # This node's model, deep-merged over the pipeline's `model:` section for its workers (None: that
+    # section as it is). Each policy of a multi-policy graph may so train its own model (dora/graph/policies.py).
+    model: dict[str, Any] | None = None
     loc: SourceLoc = dataclasses.field(default_factory=SourceLoc, compare=False)
 
 
@@ -104,6 +107,9 @@ class AsyncConfig:
                                          "the newest version's; every hosted copy's weights come out of the KV "
                                          "cache); 1 = one version per instance. Engines that cannot host several "
                                          "(vllm) run with 1", min=1)
+    policies: dict = setting({}, "per-policy settings of a graph with several update nodes: {UPDATE_NODE: {mode, "
+                             "max_staleness, rollout_batch, train_batch, versions_per_instance}}, each over the "
+                             "settings above (the shared default)")
     loc: SourceLoc = dataclasses.field(default_factory=SourceLoc, compare=False)
 
 
@@ -117,11 +123,33 @@ class RunConfig:
                               "0 = only at the end)", min=0)
     keep_checkpoints: int = setting(2, "newest complete checkpoints kept in RUN_DIR/checkpoints", min=1)
     loggers: list[str] = setting(["jsonl"], "where step metrics go besides metrics.jsonl (always written): jsonl, "
-                                 "tensorboard (RUN_DIR/tb), wandb (offline, RUN_DIR/wandb)")
+                                 "tensorboard (RUN_DIR/tb), wandb (RUN_DIR/wandb; offline unless run.wandb.mode says "
+                                 "online)")
+    wandb: dict[str, Any] = setting({}, "the W&B run when run.loggers has wandb: {project, entity, name, mode: "
+                                    "offline | online}; a key not given comes from WANDB_PROJECT, WANDB_ENTITY, "
+                                    "WANDB_NAME, WANDB_MODE, else project = the pipeline's name, name = the run "
+                                    "folder's, mode offline (no network)")
     max_restarts: int = setting(3, "restarts allowed per replica before the run fails: a generate / reward / advantage "
                                 "replica is respawned and its groups generated again; the trainer restarts from the "
                                 "last checkpoint (0 = any death fails the run)", min=0)
+    save_optimizer: str = setting("last", "which checkpoints hold the optimizer state (AdamW: twice the fp32 weights): "
+                                  "all; last (the newest only: an older one kept is weights and run state, and a "
+                                  "resume from it starts AdamW afresh); never", choices=("all", "last", "never"))
+    save_dtype: str = setting("training", "the dtype of a checkpoint's weights: training (the trainer's fp32 master "
+                              "weights, an exact resume) or bfloat16 (half the bytes; a resume loads them rounded)",
+                              choices=("training", "bfloat16"))
     loc: SourceLoc = dataclasses.field(default_factory=SourceLoc, compare=False)
+
+
+def merge_model(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """`top` over `base`, nested mappings merged key by key: a tiny model's sizes over the pipeline's
+    tiny model. Where either names a model (`path` or `name`), `top` alone is the node's model."""
+    if any(m.get(k) for m in (base, top) for k in ("path", "name")):
+        return dict(top)
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = merge_model(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 @dataclasses.dataclass
@@ -143,6 +171,17 @@ class Graph:
         from dora.graph.printing import format_graph
 
         return format_graph(self)
+
+    def model_of(self, node: str) -> dict[str, Any]:
+        """The model section node `node`'s workers get: its own `model:` deep-merged over the pipeline's."""
+        own = self.nodes[node].model
+        return merge_model(self.model, own) if isinstance(own, dict) and isinstance(self.model, dict) else self.model
+
+    def print(self, params: bool | str = False, file: Any = None) -> None:
+        """print(graph), with each node's params under it: True as written, "all" with defaults filled in."""
+        from dora.graph.printing import format_graph
+
+        print(format_graph(self, params=params), file=file)
 
     def loc_of(self, path: str) -> SourceLoc:
         """The location of the most specific recorded prefix of a dotted path."""

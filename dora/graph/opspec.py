@@ -175,6 +175,13 @@ class OpSpec:
     # "pkg.module:function", (filled params, devices) -> problem | None; without one, devices is 1.
     sharded: bool = False
     devices_check: str | None = None
+    # Columns named by params (a reward source's `reward/<name>`, a scorer's output `column`):
+    # "pkg.module:function", filled params -> (needs, adds); its docstring's first line is what
+    # `dora ops` prints. Imported only when a pipeline is checked (a module without torch).
+    columns: str | None = None
+    # The input ports whose columns flow on to the output (None: every port's). An op that starts new
+    # rows (to_prompts: a trajectory becomes prompt rows) carries none: its output is what it adds.
+    carries: tuple[str, ...] | None = None
 
     @property
     def is_source(self) -> bool:
@@ -188,12 +195,23 @@ class OpSpec:
         p = self.port(port)
         base = p.needs if p else ()
         extra = tuple(c for w in self.when if w.matches(params) for c in w.needs)
-        return tuple(dict.fromkeys(base + extra))
+        return tuple(dict.fromkeys(base + extra + self._param_columns(params)[0]))
 
     def added(self, params: dict[str, Any]) -> tuple[str, ...]:
         """Columns this op adds to its output, given filled params."""
         extra = tuple(c for w in self.when if w.matches(params) for c in w.adds)
-        return tuple(dict.fromkeys(self.adds + extra))
+        return tuple(dict.fromkeys(self.adds + extra + self._param_columns(params)[1]))
+
+    def _param_columns(self, params: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(needs, adds) named by params (`columns`); nothing for params it cannot read (their own
+        errors say why)."""
+        if self.columns is None:
+            return (), ()
+        try:
+            needs, adds = import_object(self.columns)(params)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return (), ()
+        return tuple(needs), tuple(adds)
 
     def describe(self) -> dict[str, Any]:
         """A JSON-able description (for `dora ops --json`)."""
@@ -213,7 +231,16 @@ class OpSpec:
             "is_generate": self.is_generate,
             "sharded": self.sharded,
             "devices_check": self.devices_check,
+            "columns": self.columns_doc,
         }
+
+    @property
+    def columns_doc(self) -> str | None:
+        """What `columns` says of the columns params name (its docstring's first line)."""
+        if self.columns is None:
+            return None
+        doc = (import_object(self.columns).__doc__ or "").strip()
+        return doc.splitlines()[0] if doc else self.columns
 
 
 def setting(default: Any, doc: str, **bounds: Any) -> Any:

@@ -8,7 +8,9 @@ Derived params (the one place they are derived):
 - `temperature: null` on update / reference takes the generate node's sampling temperature (a
   greedy 0 counts as 1, the temperature its logprobs are reported at), so importance ratios
   compare like with like;
-- `broadcast_to: 0` on an update with `weight_sync: broadcast` becomes the generate replica count.
+- `broadcast_to: 0` on an update with `weight_sync: broadcast` becomes the generate replica count;
+- `max_prompt_tokens: null` on a dataset becomes the longest prompt the generate nodes it feeds take,
+  when the model's context is known (dora/graph/prompt_limits.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 from dora.graph.diagnostics import GraphError, errors_of
 from dora.graph.model import Graph, RunConfig
 from dora.graph.opspec import OpSpec, fill_params
+from dora.graph.policies import derive_cross_policy, find_policies, is_multi_policy, node_policies, policy_settings
+from dora.graph.prompt_limits import derive as _derive_prompt_limits
 from dora.graph.schema import resolve_all
 from dora.graph.sections import AsyncSettings, resolve_async
 from dora.graph.settings_check import ENGINES_HOSTING_VERSIONS, group_size_of, nodes_with
@@ -34,9 +38,18 @@ class Resolved:
     params: dict[str, dict[str, Any]]    # node -> every declared param, checked, typed, derived
     async_: AsyncSettings
     run: RunConfig
+    # a graph with several update nodes (dora/graph/policies.py): each policy's settings, and the policy
+    # of each node that belongs to one; a single-policy graph has none and every node gets async_
+    policies: dict[str, AsyncSettings] = dataclasses.field(default_factory=dict)
+    node_policy: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def op_of(self, node: str) -> str:
         return self.specs[node].name
+
+    def async_of(self, node: str) -> AsyncSettings:
+        """The async settings node `node`'s workers get: its policy's, else the run's."""
+        u = self.node_policy.get(node)
+        return self.policies[u] if u is not None else self.async_
 
 
 def resolve(g: Graph) -> Resolved:
@@ -49,9 +62,22 @@ def resolve(g: Graph) -> Resolved:
     params = {n: fill_params(specs[n], node.params, checked=True) for n, node in g.nodes.items()}
     _derive_temperature(specs, params)
     _derive_broadcast_world(g, specs, params)
-    async_ = resolve_async(g.async_, group_size_of(g, specs, params))
-    async_ = dataclasses.replace(async_, versions_per_instance=versions_per_instance(async_, specs, params))
-    return Resolved(g, specs, params, async_, dataclasses.replace(g.run))
+    _derive_prompt_limits(g, specs, params)
+    if not is_multi_policy(specs) and not g.async_.policies:
+        async_ = resolve_async(g.async_, group_size_of(g, specs, params))
+        async_ = dataclasses.replace(async_, versions_per_instance=versions_per_instance(async_, specs, params))
+        return Resolved(g, specs, params, async_, dataclasses.replace(g.run))
+    policies = find_policies(g, specs)
+    settings = policy_settings(g, specs, params, group_size_of(g, specs, params))
+    for p in policies:   # M from the engines of the policy's own generate node
+        own = {n: s for n, s in specs.items() if n in p.generates}
+        settings[p.update] = dataclasses.replace(
+            settings[p.update], versions_per_instance=versions_per_instance(settings[p.update], own, params))
+    multi = is_multi_policy(specs)
+    if multi:
+        derive_cross_policy(g, specs, params, policies, settings)
+    return Resolved(g, specs, params, settings[policies[0].update], dataclasses.replace(g.run),
+                    policies=settings if multi else {}, node_policy=node_policies(g, policies) if multi else {})
 
 
 def versions_per_instance(a: AsyncSettings, specs: dict[str, OpSpec], params: dict[str, dict[str, Any]]) -> int:

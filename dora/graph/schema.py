@@ -1,7 +1,7 @@
 """Column propagation: which columns flow on each data edge.
 
-A node's output carries the union of what arrives on its inputs plus what its op adds
-(given its params). Used by validation (needs vs. what flows) and the visualizer (edge
+A node's output carries the union of what arrives on its inputs (the ports its op `carries`:
+all by default) plus what its op adds (given its params). Used by validation (needs vs. what flows) and the visualizer (edge
 labels). Unknown ops and nodes on cycles make their outputs "unknown" (None), so one
 error upstream does not cascade into false "missing column" errors downstream.
 """
@@ -71,12 +71,13 @@ def propagate(g: Graph, specs: dict[str, OpSpec | None] | None = None) -> Schema
         cols: set[str] = set()
         # a node missing one of its inputs has its own error; its output is unknown, not empty
         known = all(p.name in g.nodes[name].inputs for p in spec.inputs)
-        for e in g.nodes[name].inputs.values() if known else ():
+        for port, e in g.nodes[name].inputs.items() if known else ():
             src = out.get(e.src)
             if src is None:
                 known = False
                 break
-            cols |= src
+            if spec.carries is None or port in spec.carries:
+                cols |= src
         if known:
             p = params[name] if params[name] is not None else {k: ps.default for k, ps in spec.params.items()}
             out[name] = frozenset(cols | set(spec.added(p)))

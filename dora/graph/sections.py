@@ -61,6 +61,7 @@ class AsyncSettings:
     train_batch: int = 32         # TBS (trajectories)
     group_size: int | None = None  # G, from the dataset node; None: batches arrive as whole groups
     versions_per_instance: int = 1  # M as the run uses it (dora.graph.resolve: 1 where the engine hosts one version)
+    policy: str | None = None     # the update node of this policy in a graph with several (dora/graph/policies.py)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

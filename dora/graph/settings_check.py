@@ -10,6 +10,8 @@ from dora.graph.diagnostics import Diagnostic, error, errors_of
 from dora.graph.loggers import validate_loggers
 from dora.graph.model import Graph
 from dora.graph.opspec import OpSpec, fill_params, import_object, param_problems
+from dora.graph.policies import PolicyModeError, find_policies, is_multi_policy, policy_problems, policy_settings
+from dora.graph.prompt_limits import limit_problems
 from dora.graph.sections import ModeError, resolve_async, section_specs
 
 TORCH_ENGINE_CHECK = "dora.ops.engines.paged:engine_problem"   # model -> why the torch engine cannot run it
@@ -43,7 +45,11 @@ def settings_problems(g: Graph, specs: dict[str, OpSpec | None]) -> list[Diagnos
               if s is not None and isinstance(g.nodes[n].params, dict) and not param_problems(s, g.nodes[n].params)}
     datasets = [n for n in nodes_with(specs, "dataset") if n in params]
     sizes = {n: params[n]["group_size"] for n in datasets}
-    if len(set(sizes.values())) > 1:
+    diags += policy_problems(g, specs, params)
+    if is_multi_policy(specs) or g.async_.policies:
+        if not errors_of(diags):   # each policy's mode rules and group arithmetic (its own group size)
+            diags += _policy_mode_problems(g, specs, params, datasets)
+    elif len(set(sizes.values())) > 1:
         diags.append(error(f"dataset nodes disagree on group_size ({', '.join(f'{n}: {v}' for n, v in sizes.items())}): "
                            "a run has one group size", g.loc_of(f"nodes.{datasets[1]}.params.group_size")))
     elif not errors_of(diags):
@@ -58,20 +64,41 @@ def settings_problems(g: Graph, specs: dict[str, OpSpec | None]) -> list[Diagnos
     diags += _broadcast_problems(g, specs, params)
     diags += _elastic_problems(g, specs, params)
     diags += _engine_problems(g, specs, params)
+    diags += limit_problems(g, specs, params)   # the dataset's prompt limit, and a file source's first rows
     return diags
+
+
+def _policy_mode_problems(g: Graph, specs: dict[str, OpSpec | None], params: dict[str, dict[str, Any]],
+                          datasets: list[str]) -> list[Diagnostic]:
+    sizes = {params[n]["group_size"] for n in datasets}
+    try:
+        policy_settings(g, specs, params, sizes.pop() if len(sizes) == 1 else None)
+    except PolicyModeError as e:
+        if e.overridden:
+            where = f"async.policies.{e.update}.{e.key}"
+        elif e.key == "group_size":
+            src = next((p.prompt_source for p in find_policies(g, specs) if p.update == e.update), None)
+            where = f"nodes.{src}.params.group_size" if src else "async"
+        else:
+            where = f"async.{e.key}"
+        return [error(f"async: {e}", g.loc_of(where))]
+    return []
 
 
 def _engine_problems(g: Graph, specs: dict[str, OpSpec | None], params: dict[str, dict[str, Any]]) -> list[Diagnostic]:
     """A generate node's engine must be able to run the pipeline's model (architecture, head sizes)."""
     if not isinstance(g.model, dict):
         return []
-    problem = None
+    problems: dict[str, str] = {}   # (one check per distinct model section)
     diags = []
     for name in nodes_with(specs, "generate"):
-        if params.get(name, {}).get("engine") != "torch":
+        if params.get(name, {}).get("engine") != "torch" or not isinstance(g.model_of(name), dict):
             continue
-        if problem is None:
-            problem = import_object(TORCH_ENGINE_CHECK)(g.model) or ""
+        model = g.model_of(name)
+        key = repr(sorted(model.items()))
+        if key not in problems:
+            problems[key] = import_object(TORCH_ENGINE_CHECK)(model) or ""
+        problem = problems[key]
         if problem:
             diags.append(error(f"engine torch cannot run this model: {problem}", g.loc_of(f"nodes.{name}.params.engine"),
                                node=name, hint="use a llama or qwen2 model the engine supports, or engine: vllm"))
@@ -85,10 +112,18 @@ def _elastic_problems(g: Graph, specs: dict[str, OpSpec | None], params: dict[st
         return []
     at = g.loc_of("async.elastic")
     gens, ups = nodes_with(specs, "generate"), nodes_with(specs, "update")
+    if is_multi_policy(specs):   # each policy lends its own trainer's devices to its own generate node
+        pairs = [(p.generate, p.update) for p in find_policies(g, specs) if p.generate is not None]
+        return [d for gen, up in pairs for d in _elastic_pair(g, params, gen, up, at)]
     if len(gens) != 1 or len(ups) != 1:
         return [error(f"async.elastic needs an RL graph with one generate and one update node (found {len(gens)} "
                       f"generate, {len(ups)} update): there are no trainer devices to lend", at)]
-    gen, up = g.nodes[gens[0]], g.nodes[ups[0]]
+    return _elastic_pair(g, params, gens[0], ups[0], at)
+
+
+def _elastic_pair(g: Graph, params: dict[str, dict[str, Any]], gen_name: str, up_name: str, at) -> list[Diagnostic]:
+    """What elastic lending needs of one trainer and the generate node it serves."""
+    gen, up = g.nodes[gen_name], g.nodes[up_name]
     diags = []
     if (gen.pool or None) == (up.pool or None):
         where = f"pool {up.pool!r}" if up.pool else "the default cpu pool"
@@ -108,11 +143,24 @@ def _elastic_problems(g: Graph, specs: dict[str, OpSpec | None], params: dict[st
 
 
 def _model_problems(g: Graph) -> list[Diagnostic]:
+    """The pipeline's `model:` section, and each node's own (merged over it; a problem is placed on the
+    node's line when the node's keys are where it is)."""
     if not isinstance(g.model, dict):
         return [error(f"'model' must be a mapping, got {type(g.model).__name__}", g.loc_of("model"))]
-    check = import_object("dora.ops.models:model_problems")
-    return [error(msg if msg.startswith("model") else f"model: {msg}", g.loc_of(f"model.{key}" if key else "model"))
-            for key, msg in check(g.model)]
+    check = import_object("dora.ops.model_section:model_problems")
+    diags = [error(msg if msg.startswith("model") else f"model: {msg}", g.loc_of(f"model.{key}" if key else "model"))
+             for key, msg in check(g.model)]
+    for name, node in g.nodes.items():
+        if node.model is None:
+            continue
+        if not isinstance(node.model, dict):
+            diags.append(error(f"a node's model must be a mapping (merged over the pipeline's model section), got "
+                               f"{type(node.model).__name__}", g.loc_of(f"nodes.{name}.model"), node=name))
+            continue
+        for key, msg in check(g.model_of(name)):
+            own = f"nodes.{name}.model.{key}" if key in node.model else f"nodes.{name}.model"
+            diags.append(error(msg if msg.startswith("model") else f"model: {msg}", g.loc_of(own), node=name))
+    return diags
 
 
 def _broadcast_problems(g: Graph, specs: dict[str, OpSpec | None], params: dict[str, dict[str, Any]]) -> list[Diagnostic]:

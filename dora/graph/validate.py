@@ -10,8 +10,6 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-import networkx as nx
-
 from dora.graph.device_shares import share_problems, shared_pools
 from dora.graph.diagnostics import Diagnostic, GraphError, error, errors_of, warning
 from dora.graph.model import ROUTINGS, Graph
@@ -177,6 +175,10 @@ def _check_inputs(g: Graph, specs: dict[str, OpSpec | None], diags: list[Diagnos
 
 
 def _check_cycles(g: Graph, specs: dict[str, OpSpec | None], diags: list[Diagnostic]) -> set[str]:
+    if len(g.acyclic_prefix()) == len(g.nodes):
+        return set()   # no cycle: networkx (0.3 s to import) is needed only to name one
+    import networkx as nx
+
     dg = nx.DiGraph()
     dg.add_nodes_from(g.nodes)
     dg.add_edges_from((e.src, e.dst) for e in g.edges if e.src in g.nodes)
@@ -191,13 +193,19 @@ def _check_cycles(g: Graph, specs: dict[str, OpSpec | None], diags: list[Diagnos
         path = " -> ".join(cycle + [cycle[0]])
         back = next(((u, v) for u, v in zip(cycle, cycle[1:] + cycle[:1])
                      if (specs.get(u) and specs[u].is_update) and (specs.get(v) and specs[v].is_generate)), None)
+        gens = [c for c in cycle if specs.get(c) is not None and specs[c].is_generate]
         if back is not None:
             hint = f"data edges must form a DAG; feed weights back with a weights edge instead: weights: [{{from: {back[0]}, to: {back[1]}}}]"
+        elif len(gens) >= 2:
+            hint = "data edges must form a DAG: feed one of these policies its prompts from a dataset"
         else:
             hint = "data edges must form a DAG; the one feedback edge an RL graph needs is a weights edge (update -> generate)"
         closing = g.nodes[cycle[0]].inputs
         loc = next((g.loc_of(f"nodes.{cycle[0]}.inputs.{p}") for p, e in closing.items() if e.src == cycle[-1]), g.nodes[cycle[0]].loc)
-        diags.append(error(f"data edges form a cycle through {', '.join(repr(c) for c in cycle)}: {path}", loc, node=cycle[0], hint=hint))
+        what = (f"a cycle of data between the policies of generate nodes {', '.join(repr(x) for x in gens)}: {path} "
+                "(each one's prompts wait for another's output, and no dataset starts it)" if len(gens) >= 2 and back is None
+                else f"data edges form a cycle through {', '.join(repr(c) for c in cycle)}: {path}")
+        diags.append(error(what, loc, node=cycle[0], hint=hint))
     return on_cycle
 
 
@@ -289,10 +297,34 @@ def check_file(path: str, overrides: Iterable[str] = ()) -> tuple[Graph | None, 
     """Load and validate a pipeline file: (graph or None if it could not be built, all diagnostics)."""
     from dora.graph.yaml_io import load_file
 
+    importable_folders(path)
     g, diags = load_file(path, overrides)
     if g is not None:
         diags = diags + validate(g)
     return g, diags
+
+
+FOLDER_NOTE = "# pipeline folder: "   # a run's copy of its pipeline (RUN_DIR/pipeline.yaml) names the original's
+
+
+def importable_folders(path: str) -> None:
+    """Put the pipeline file's folder on sys.path (first), so a reward function or op in a module beside
+    it imports without PYTHONPATH, in validation, in the run and in its workers (which inherit sys.path).
+    A run's copy (--resume) names the original's folder on its first line (FOLDER_NOTE)."""
+    import os
+    import sys
+
+    folders = [os.path.dirname(os.path.abspath(path))]
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = f.readline()
+    except OSError:
+        first = ""
+    if first.startswith(FOLDER_NOTE):
+        folders.insert(0, first[len(FOLDER_NOTE):].strip())
+    for folder in reversed(folders):
+        if folder and folder not in sys.path:
+            sys.path.insert(0, folder)
 
 
 def load_and_validate(path: str, overrides: Iterable[str] = ()) -> Graph:

@@ -21,7 +21,7 @@ from dora.graph.opspec import did_you_mean
 from dora.graph.sections import section_specs
 
 TOP_KEYS = ("name", "description", "defaults", "model", "pools", "nodes", "weights", "async", "run")
-NODE_KEYS = ("op", "params", "pool", "replicas", "devices", "memory", "inputs")
+NODE_KEYS = ("op", "params", "pool", "replicas", "devices", "memory", "model", "inputs")
 EDGE_KEYS = ("from", "group_by", "capacity", "capacity_bytes", "routing")
 POOL_KEYS = ("device", "count")
 WEIGHTS_KEYS = ("from", "to")
@@ -193,8 +193,16 @@ def _load_file(path: str, stack: tuple[str, ...], text: str | None = None, base_
     return _deep_merge(merged, data), merged_locs, diags
 
 
+# the mappings whose keys are names the pipeline chose (not a schema's): an override may only go
+# through a name that exists there (a new entry is given whole: nodes.NAME={op: ...})
+NAMED = {("nodes",): "node", ("pools",): "pool"}
+
+
 def apply_overrides(data: dict[str, Any], overrides: Iterable[str], locs: Locs) -> list[Diagnostic]:
-    """Apply `dotted.key=value` overrides in place (values parsed as YAML scalars)."""
+    """Apply `dotted.key=value` overrides in place (values parsed as YAML scalars). Each override's
+    location is `<command line: KEY=VALUE>`, recorded for every path it creates, so a mistyped key is
+    reported there with did-you-mean; going through a node or pool the pipeline does not have is an
+    error here (it would otherwise make an empty node)."""
     diags: list[Diagnostic] = []
     for ov in overrides:
         key, eq, raw = ov.partition("=")
@@ -205,30 +213,41 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str], locs: Locs) 
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
-        parts = key.strip().split(".")
-        cur: Any = data
-        ok = True
-        for i, part in enumerate(parts[:-1]):
-            if isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
-                cur = cur[int(part)]
-            elif isinstance(cur, dict):
-                cur = cur.setdefault(part, {})
-            else:
-                diags.append(error(f"override {ov!r}: {'.'.join(parts[: i + 1])} is not a mapping", COMMAND_LINE))
-                ok = False
-                break
-        if not ok:
-            continue
-        last = parts[-1]
-        if isinstance(cur, list) and last.isdigit() and int(last) < len(cur):
-            cur[int(last)] = value
-        elif isinstance(cur, dict):
-            cur[last] = value
-        else:
-            diags.append(error(f"override {ov!r}: {'.'.join(parts[:-1])} is not a mapping", COMMAND_LINE))
-            continue
-        locs[key.strip()] = SourceLoc(f"<command line: {ov}>", None)
+        problem = _set_path(data, key.strip().split("."), value, ov, locs)
+        if problem is not None:
+            diags.append(problem)
     return diags
+
+
+def _set_path(data: dict[str, Any], parts: list[str], value: Any, ov: str, locs: Locs) -> Diagnostic | None:
+    """Set data[parts...] = value; the problem (a Diagnostic) if the path cannot be followed."""
+    here = SourceLoc(f"<command line: {ov}>", None)
+    cur: Any = data
+    for i, part in enumerate(parts[:-1]):
+        path = ".".join(parts[: i + 1])
+        if isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
+            cur = cur[int(part)]
+            continue
+        if not isinstance(cur, dict):
+            return error(f"override {ov!r}: {path} is not a mapping", here)
+        what = NAMED.get(tuple(parts[:i]))
+        if what is not None and part not in cur:
+            known = [str(k) for k in cur]
+            hint = did_you_mean(part, known) or (f"{what}s: {', '.join(known)}." if known else f"the pipeline has no {what}s.")
+            return error(f"override {ov!r} names {what} {part!r}, which the pipeline does not have", here,
+                         hint=f"{hint} To add a {what}, give it whole: {'.'.join(parts[:i])}.NAME={{...}}")
+        if part not in cur:
+            locs.setdefault(path, here)   # (a key it creates is reported at the override)
+        cur = cur.setdefault(part, {})
+    last = parts[-1]
+    if isinstance(cur, list) and last.isdigit() and int(last) < len(cur):
+        cur[int(last)] = value
+    elif isinstance(cur, dict):
+        cur[last] = value
+    else:
+        return error(f"override {ov!r}: {'.'.join(parts[:-1])} is not a mapping", here)
+    locs[".".join(parts)] = here
+    return None
 
 
 def _has_interpolation(x: Any) -> bool:
@@ -328,7 +347,7 @@ def graph_from_data(data: Any, locs: Locs, file: str | None) -> tuple[Graph | No
             diags.append(error("'params' must be a mapping", locs.get(f"{path}.params", loc), node=str(name)))
             params = {}
         node = Node(name=str(name), op=n["op"], params=params, pool=n.get("pool"), replicas=n.get("replicas", 1),
-                    devices=n.get("devices", 1), memory=n.get("memory"), loc=loc)
+                    devices=n.get("devices", 1), memory=n.get("memory"), model=n.get("model"), loc=loc)
         inputs = n.get("inputs") or {}
         if not isinstance(inputs, dict):
             diags.append(error("'inputs' must be a mapping of port -> NODE/PORT", locs.get(f"{path}.inputs", loc), node=str(name), hint="inputs: {prompts: prompts/out}"))
@@ -384,6 +403,16 @@ def _finish(data: Any, locs: Locs, diags: list[Diagnostic], file: str, overrides
     return g, diags + d
 
 
+def override_graph(g: Graph, overrides: Iterable[str]) -> tuple[Graph | None, list[Diagnostic]]:
+    """A Graph (from YAML or the Python builder) with `key=value` overrides applied as the command line
+    applies them to a file: the same paths, checks and did-you-mean. Keys keep their locations."""
+    overrides = list(overrides)
+    if not overrides:
+        return g, []
+    locs = dict(g.locs)
+    return _finish(graph_to_data(g), locs, [], g.source_file or "<python>", overrides)
+
+
 def load_graph(path: str, overrides: Iterable[str] = ()) -> Graph:
     """Load a pipeline file; raise GraphError if it cannot be loaded (no validation)."""
     g, diags = load_file(path, overrides)
@@ -427,6 +456,8 @@ def graph_to_data(g: Graph) -> dict[str, Any]:
             nd["devices"] = n.devices
         if n.memory is not None:
             nd["memory"] = n.memory
+        if n.model is not None:
+            nd["model"] = n.model
         if n.inputs:
             ins: dict[str, Any] = {}
             for port, e in n.inputs.items():
@@ -440,7 +471,8 @@ def graph_to_data(g: Graph) -> dict[str, Any]:
     d["nodes"] = nodes
     if g.weights:
         d["weights"] = [{"from": w.src, "to": w.dst} for w in g.weights]
-    d["async"] = {k: getattr(g.async_, k) for k in ASYNC_KEYS}
+    # (policies only where set: a single-policy pipeline's pipeline.yaml reads as it always did)
+    d["async"] = {k: getattr(g.async_, k) for k in ASYNC_KEYS if k != "policies" or g.async_.policies}
     run = {k: getattr(g.run, k) for k in RUN_KEYS if getattr(g.run, k) != section_specs(RunConfig)[k].default}
     if run:
         d["run"] = run

@@ -5,7 +5,9 @@ gets every numeric value of every step record under its metrics.jsonl key, at th
 `step`:
 
     tensorboard   event files under RUN_DIR/tb        (torch.utils.tensorboard; needs `tensorboard`)
-    wandb         an offline run under RUN_DIR/wandb   (`wandb sync RUN_DIR/wandb/offline-run-*` uploads it)
+    wandb         a W&B run under RUN_DIR/wandb: offline by default (`wandb sync RUN_DIR/wandb/offline-run-*`
+                  uploads it), online when run.wandb.mode or WANDB_MODE says so; project, entity and
+                  name from run.wandb, else WANDB_*, else the pipeline's and the run folder's names
 
 A sink that fails mid-run is reported once and closed; metrics.jsonl still has every record.
 """
@@ -49,14 +51,16 @@ class TensorBoardSink:
 class WandbSink:
     name = "wandb"
 
-    def __init__(self, run_dir: str, run_name: str, config: dict[str, Any]):
+    def __init__(self, run_dir: str, run_name: str, config: dict[str, Any], options: dict[str, Any] | None = None):
         import wandb
 
-        # offline: no account, no network; everything stays in RUN_DIR/wandb
+        from dora.graph.loggers import wandb_run
+
+        # offline unless asked: no account, no network; everything stays in RUN_DIR/wandb
         settings = wandb.Settings(silent=True, console="off", x_disable_stats=True, save_code=False,
                                   disable_git=True, x_disable_meta=True)
-        self.run = wandb.init(project=run_name, name=os.path.basename(os.path.abspath(run_dir)), dir=run_dir,
-                              mode="offline", config=config, settings=settings, reinit="create_new")
+        where = wandb_run(options or {}, run_name, os.path.basename(os.path.abspath(run_dir)))
+        self.run = wandb.init(**where, dir=run_dir, config=config, settings=settings, reinit="create_new")
 
     def write(self, record: dict[str, Any]) -> None:
         self.run.log({k: v for k, v in scalars(record).items() if k != "step"}, step=int(record["step"]))
@@ -71,13 +75,15 @@ class WandbSink:
 SINKS = {"tensorboard": TensorBoardSink, "wandb": WandbSink}
 
 
-def open_sinks(names: list[str], run_dir: str, run_name: str, config: dict[str, Any]) -> list[Any]:
-    """The sinks for these logger names (jsonl is metrics.jsonl itself: no sink)."""
+def open_sinks(names: list[str], run_dir: str, run_name: str, config: dict[str, Any],
+               options: dict[str, dict[str, Any]] | None = None) -> list[Any]:
+    """The sinks for these logger names (jsonl is metrics.jsonl itself: no sink); `options`: a sink's
+    own settings by name (run.wandb)."""
     sinks = []
     try:
         for n in names:
             if n in SINKS:
-                sinks.append(SINKS[n](run_dir, run_name, config))
+                sinks.append(SINKS[n](run_dir, run_name, config, **({"options": options[n]} if (options or {}).get(n) else {})))
     except BaseException:
         close_sinks(sinks)
         raise
@@ -89,7 +95,7 @@ def open_for_run(graph: Any, run_dir: str, config: dict[str, Any]) -> list[Any] 
     not start."""
     from dora.graph.loggers import loggers_of
     try:
-        return open_sinks(loggers_of(graph), run_dir, graph.name, config)
+        return open_sinks(loggers_of(graph), run_dir, graph.name, config, {"wandb": dict(graph.run.wandb or {})})
     except Exception as e:
         print(f"dora run: a logger in run.loggers could not start: {type(e).__name__}: {e}", file=sys.stderr)
         return None

@@ -64,7 +64,7 @@ class MetricsLog:
         self._start(records, sinks, "a")
 
     def write(self, record: dict[str, Any]) -> None:
-        missing = [k for k in REQUIRED_KEYS if k not in record]
+        missing = [k for k in REQUIRED_KEYS if key_of(record, k) not in record]
         if missing:
             raise KeyError(f"metrics record for step {record.get('step')} lacks {missing}")
         record = clean_json(record)
@@ -82,6 +82,25 @@ class MetricsLog:
             from dora.observe.metric_sinks import close_sinks
             close_sinks(self.sinks)
             self.sinks = []
+
+
+def key_of(record: dict[str, Any], key: str) -> str:
+    """Where `key` is in a step record: `key`, or `<policy>/key` in a line of one policy of a run of
+    several (a line that says `"policy": P`; its `step` is P's step and stays unprefixed)."""
+    policy = record.get("policy")
+    return key if policy is None or key in ("step", "policy") else f"{policy}/{key}"
+
+
+def policy_names(records: list[dict[str, Any]]) -> list[str]:
+    """The policies of a run of several, in the order their first lines came (none: a single-policy run)."""
+    return list(dict.fromkeys(r["policy"] for r in records if isinstance(r.get("policy"), str)))
+
+
+def policy_records(records: list[dict[str, Any]], policy: str) -> list[dict[str, Any]]:
+    """One policy's lines of a multi-policy metrics.jsonl, its keys unprefixed (as a single-policy run's)."""
+    prefix = f"{policy}/"
+    return [{"step": r["step"], **{k[len(prefix):]: v for k, v in r.items() if k.startswith(prefix)}}
+            for r in records if r.get("policy") == policy]
 
 
 def summarize(records: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:

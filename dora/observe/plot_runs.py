@@ -2,7 +2,7 @@
 against training step, one line per run, to compare runs (e.g. the async modes) at a glance.
 
 Reads each folder's metrics.jsonl (from `dora run` or `dora simulate --out`); a line is labelled
-with the run's mode and folder name. Needs matplotlib (`pip install 'dora-rl[plot]'`).
+with the run's mode and folder name (and a run of several policies gets a line per policy). Needs matplotlib (`pip install 'dora-rl[plot]'`).
 Exit codes: 0 written, 1 matplotlib missing or the file cannot be written, 2 bad arguments
 (a folder that is not a run, or no run with a step to plot).
 """
@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from dora.observe.dashboard.read_run import NotARun, check_run_dir, read_jsonl
+from dora.observe.metrics import policy_names, policy_records
 
 #: (title, [(metrics.jsonl key, line style)]) per panel
 PANELS = [
@@ -105,7 +106,8 @@ def plot_main(argv: list[str] | None = None) -> int:
         if not records:
             print(f"dora plot: {d}: no training steps in metrics.jsonl; left out", file=sys.stderr)
             continue
-        runs.append((run_label(d), records))
+        names = policy_names(records)   # a run of several policies: a line per policy
+        runs += [(f"{run_label(d)} \u00b7 {u}", policy_records(records, u)) for u in names] or [(run_label(d), records)]
     if not runs:
         print("dora plot: none of the runs has a training step to plot", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ class RunProgress:
         self.console = Console(stderr=True)
         self.total = total_steps
         self.quiet = quiet
+        self.completed = 0
         self.live = self.console.is_terminal and not quiet
         self._progress = None
         if self.live:
@@ -34,13 +35,17 @@ class RunProgress:
         elif not self.quiet:
             self.console.print(text)
 
-    def step(self, rec: dict[str, Any]) -> None:
-        info = (f"reward {rec.get('reward_mean', 0.0):.3f}  {rec.get('tokens_per_s', 0.0):,.0f} tok/s  "
+    def step(self, rec: dict[str, Any], label: str | None = None, advance: int | None = None) -> None:
+        """A training step. In a run of several policies each policy's steps come `label`led ("solver
+        3/30") and `advance` the bar, which counts every policy's steps."""
+        info = (f"reward {rec.get('reward_mean') or 0.0:.3f}  {rec.get('tokens_per_s') or 0.0:,.0f} tok/s  "
                 f"stale<= {rec.get('staleness_max', 0)}  v{rec.get('policy_version')}")
+        self.completed = self.completed + advance if advance is not None else rec["step"]
+        where = label or f"{rec['step']}/{self.total}"
         if self.live:
-            self._progress.update(self._task, completed=rec["step"], info=info)
+            self._progress.update(self._task, completed=self.completed, info=f"{label}: {info}" if label else info)
         elif not self.quiet:
-            print(f"step {rec['step']}/{self.total}  {info}  {rec.get('step_time_s', 0.0):.2f}s", file=sys.stderr, flush=True)
+            print(f"step {where}  {info}  {rec.get('step_time_s', 0.0):.2f}s", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self._progress is not None:
@@ -62,6 +67,9 @@ class RunProgress:
             ("migrated requests", summary.get("migrated_requests")),
             ("run dir", summary.get("run_dir")),
         ]
+        for u, part in (summary.get("policies") or {}).items():   # a run of several policies: each one's
+            rows.insert(-1, (f"{u}: steps, reward first 3 -> last 3",
+                             f"{part.get('steps')}, {_pair(part.get('reward_first3'), part.get('reward_last3')) or '-'}"))
         for k, v in rows:
             table.add_row(k, "-" if v is None else str(v))
         self.console.print(table)

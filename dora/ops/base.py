@@ -8,6 +8,9 @@ A worker (one per node replica, in a process or a Ray actor) owns one Operator a
     op.process(batch, port) -> batches  one input batch in, zero or more output batches out
     op.poll() -> batches                called while op.busy() is true and no input is waiting:
                                         engines step here and return what finished
+    op.accepts_input() -> bool          False while the op holds all the work it may (a judge's
+                                        max_in_flight): the worker reads no input meanwhile, so the
+                                        input edges' credits run out and producers wait (back-pressure)
     op.finish() -> batches              after end-of-stream on every input (flush buffers)
     op.call(method, args) -> result     a control request from the controller, only for names in
                                         `control_methods` (load_version, export, import, stats, ...)
@@ -27,6 +30,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 
+from dora.graph.policy_roles import policy_dir
 from dora.graph.sections import AsyncSettings
 
 
@@ -67,6 +71,15 @@ class OpContext:
         return f"{self.node}[{self.replica}]"
 
     @property
+    def files_dir(self) -> str | None:
+        """Where this node's policy keeps its own files (the trainer's trained.jsonl, weight versions,
+        checkpoints; a broadcast's rendezvous): run_dir, or run_dir/policies/<update node> in a run of
+        several policies (dora/graph/policies.py)."""
+        if self.run_dir is None or self.async_.policy is None:
+            return self.run_dir
+        return policy_dir(self.run_dir, self.async_.policy)
+
+    @property
     def elastic_spare(self) -> bool:
         """async.elastic: a replica past the node's count, placed on the trainer's devices and lent
         to rollout only while the trainer waits (dora/runtime/placement.py)."""
@@ -99,6 +112,9 @@ class Operator:
 
     def busy(self) -> bool:
         return False
+
+    def accepts_input(self) -> bool:
+        return True
 
     def poll(self) -> Iterable[pa.RecordBatch]:
         return ()

@@ -1,91 +1,85 @@
 """File sources of the dataset op: .jsonl / .json (one JSON object a line) and .parquet, verl-style
-rows: `prompt` (text, or chat messages [{role, content}, ...]), the answer in
-`reward_model.ground_truth` or `answer`, optional `data_source` (becomes `task`).
+rows (the format, with examples: docs/data.md): `prompt` (text, or chat messages [{role, content},
+...]), the answer in `reward_model.ground_truth` or `answer`, optional `data_source` (becomes `task`);
+other columns are ignored.
 
-A bad row (not JSON, not an object, no prompt or answer) is bad input: DatasetError names
-file:line (a BadInput: `dora run` exits 2 with the message, no traceback). With the dataset's
-`on_error: skip` bad rows are skipped and counted instead (Loaded.skipped, the first few named).
-`dora validate` reads the first FIRST_ROWS rows of a file source the same way (first_rows_problem).
+Every row is named `PATH:N`: N the line of a .jsonl file, the row (from 1) of a .parquet file. A bad
+row (not JSON, not an object, no prompt or answer) is a DatasetError naming it, a BadInput: `dora run`
+exits 2 with the message, no traceback; with the dataset's `on_error: skip` the run skips and counts it
+(dora/ops/prompt_rows.py collects). `dora validate` reads the first FIRST_ROWS rows of a file source the
+same way, `dora validate --data` every row.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import json
 import os
-from typing import Iterator
+from typing import Callable, Iterator
 
 from dora.graph.diagnostics import BadInput
 
-FIRST_ROWS = 100   # rows `dora validate` parses of a file source (whole files are read at run start)
-NAMED_SKIPS = 5    # skipped rows named in the run's report; the rest are counted
+FIRST_ROWS = 100   # rows `dora validate` reads of a file source (a run reads them all; so does --data)
+PROGRESS_ROWS = 4096   # rows between two calls of a reader's progress callback
+
+Progress = Callable[[int, float | None], None]   # (rows read, fraction of the file read, or None)
 
 
 class DatasetError(BadInput):
-    """Unusable data: names the source (file) and the row."""
+    """Unusable data: names the source (file:row) and what is wrong."""
 
 
-@dataclasses.dataclass
-class Loaded:
-    records: list[dict]
-    skipped: int = 0
-    skipped_where: list[str] = dataclasses.field(default_factory=list)   # the first NAMED_SKIPS, with why
+def raw_rows(path: str, progress: Progress | None = None) -> Iterator[tuple[str, object]]:
+    """(where, parsed row) for every row of a file, where = "PATH:N"; a row that is not JSON comes as a
+    DatasetError in place of the row (the caller's policy decides). A file that cannot be read at all
+    raises DatasetError."""
+    rows = _parquet_rows(path, progress) if path.endswith(".parquet") else _jsonl_rows(path, progress)
+    try:
+        yield from rows
+    except (OSError, UnicodeDecodeError) as e:
+        raise DatasetError(f"dataset file {path}: cannot read: {type(e).__name__}: {e}") from None
 
 
-def raw_rows(path: str) -> Iterator[tuple[str, object]]:
-    """(where, parsed row) for every row of a file, where = "PATH line N" / "PATH row N"; a row that
-    is not JSON comes as a DatasetError in place of the row (the caller's policy decides)."""
-    if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        try:   # batch by batch: validation reads the first rows of a large file only
-            batches = pq.ParquetFile(path).iter_batches(batch_size=1024)
-            i = 0
-            for batch in batches:
-                for r in batch.to_pylist():
-                    yield f"{path} row {i}", r
-                    i += 1
-        except Exception as e:
-            raise DatasetError(f"dataset file {path}: cannot read parquet: {type(e).__name__}: {e}") from None
-        return
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
+def _jsonl_rows(path: str, progress: Progress | None) -> Iterator[tuple[str, object]]:
+    size = os.path.getsize(path) or 1
+    done = 0
+    with open(path, "rb") as f:   # (bytes: the position read so far is the progress)
+        for lineno, raw in enumerate(f, 1):
+            done += len(raw)
+            if progress is not None and lineno % PROGRESS_ROWS == 0:
+                progress(lineno, done / size)
+            if not raw.strip():
                 continue
             try:
-                yield f"{path} line {lineno}", json.loads(line)
+                yield f"{path}:{lineno}", json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                yield f"{path}:{lineno}", DatasetError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start})")
             except json.JSONDecodeError as e:
-                yield f"{path} line {lineno}", DatasetError(f"{path} line {lineno}: not valid JSON ({e.msg})")
+                yield f"{path}:{lineno}", DatasetError(f"{path}:{lineno}: not valid JSON ({e.msg} column {e.colno})")
 
 
-def file_records(path: str, size: int, on_error: str = "fail", limit: int | None = None) -> Loaded:
-    """The records of a file source (the first `size` good rows; 0 = all); `limit`: read at most
-    this many rows (validation's look at the first rows)."""
-    if not os.path.isfile(path):
-        raise DatasetError(f"dataset file {path!r} does not exist")
-    task_default = f"file:{os.path.basename(path)}"
-    out = Loaded([])
-    for where, row in itertools.islice(raw_rows(path), limit):
-        try:
-            if isinstance(row, DatasetError):
-                raise row
-            out.records.append(record_from_row(row, where, task_default))
-        except DatasetError as e:
-            if on_error != "skip":
-                raise
-            out.skipped += 1
-            if len(out.skipped_where) < NAMED_SKIPS:
-                out.skipped_where.append(str(e))
-        if size and len(out.records) >= size:
-            break
-    if not out.records:
-        skipped = f" ({out.skipped} bad row(s) skipped, first: {out.skipped_where[0]})" if out.skipped else ""
-        raise DatasetError(f"dataset file {path}: no rows{skipped}")
-    return out
+def _parquet_rows(path: str, progress: Progress | None) -> Iterator[tuple[str, object]]:
+    import pyarrow.parquet as pq
+
+    try:   # batch by batch: validation reads the first rows of a large file only
+        reader = pq.ParquetFile(path)
+        total = reader.metadata.num_rows or 1
+        i = 0
+        for batch in reader.iter_batches(batch_size=1024):
+            for r in batch.to_pylist():
+                i += 1
+                yield f"{path}:{i}", r
+            if progress is not None:
+                progress(i, i / total)
+    except (OSError, UnicodeDecodeError):
+        raise
+    except Exception as e:   # pyarrow's own errors: not a parquet file, a broken one
+        raise DatasetError(f"dataset file {path}: cannot read parquet: {type(e).__name__}: {e}") from None
 
 
 def record_from_row(r: object, where: str, task_default: str) -> dict:
+    """{prompt: str | messages, answer: str, task: str} of one file row; DatasetError naming `where`."""
+    if isinstance(r, DatasetError):
+        raise r
     if not isinstance(r, dict):
         raise DatasetError(f"{where}: expected a JSON object, got {type(r).__name__}")
     prompt = r.get("prompt")
@@ -106,15 +100,3 @@ def record_from_row(r: object, where: str, task_default: str) -> dict:
         raise DatasetError(f"{where}: no answer: need column 'reward_model.ground_truth' or 'answer'")
     answer = answer if isinstance(answer, str) else json.dumps(answer)
     return {"prompt": prompt, "answer": answer, "task": str(r.get("data_source") or task_default)}
-
-
-def first_rows_problem(path: str, on_error: str) -> str | None:
-    """What `dora validate` says of a file source: its first FIRST_ROWS rows parsed as a run would
-    (None: they do)."""
-    try:
-        file_records(path, 0, on_error, limit=FIRST_ROWS)
-    except DatasetError as e:
-        return str(e)
-    except (OSError, UnicodeDecodeError) as e:
-        return f"dataset file {path}: cannot read: {type(e).__name__}: {e}"
-    return None

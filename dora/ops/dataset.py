@@ -5,13 +5,16 @@ Sources (param `source`):
   reasoning_gym:NAME  reasoning-gym procedural datasets (task_params go to create_dataset);
                       each row also carries `task_meta`, the JSON of the reasoning-gym entry,
                       so the reward op can call that dataset's own scorer
-  PATH.jsonl / PATH.parquet  verl-style rows (dora/ops/data_files.py): `prompt` (text, or chat
-                      messages [{role, content}, ...]), answer in `reward_model.ground_truth` or
-                      `answer`, optional `data_source` (becomes `task`); a bad row fails the run
-                      naming file:line (exit 2), or with on_error: skip is skipped and counted
+  PATH.jsonl / PATH.parquet  verl-style rows (dora/ops/data_files.py, docs/data.md): `prompt` (text,
+                      or chat messages [{role, content}, ...]), answer in `reward_model.ground_truth`
+                      or `answer`, optional `data_source` (becomes `task`)
 `size` is the number of prompts generated, or for files the first `size` good rows (0 = all).
+A row that cannot be used (malformed, or a prompt over `max_prompt_tokens` as resolved: see
+dora/ops/prompt_rows.py) fails the run naming file:line (exit 2), or with on_error: skip is skipped
+and counted (a `dataset_skipped` report: summary.json accounting.dataset_skipped_rows).
 
 Rows: uid, group_id, prompt (text as fed to the model: chat template applied for chat models),
+question (the prompt as written: the last user message, before any template; what a judge reads),
 prompt_ids, answer, task. The stream runs epoch after epoch (epochs=0: endless), reshuffled
 each epoch from (seed, epoch); group_id = epoch * n_prompts + position, so ids never repeat,
 and uid = f"{group_id}-{i}" for i in range(group_size). Batches hold batch_prompts prompts
@@ -23,7 +26,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import random
 from typing import Any, Iterator
 
@@ -31,11 +33,13 @@ import pyarrow as pa
 
 from dora.graph.columns import COLUMNS
 from dora.ops.base import OpContext, Operator
-from dora.ops.data_files import DatasetError, file_records, first_rows_problem
+from dora.ops.data_files import DatasetError, raw_rows
+from dora.ops.dataset_settings import is_file_source, source_problem   # (the declarations name them there)
+from dora.ops.prompt_rows import collect, parse_file_row, parsed, prepared, render
 
-__all__ = ["DatasetError", "DatasetOp", "check_params", "load_records", "source_problem"]
+__all__ = ["DatasetError", "DatasetOp", "load_records", "render", "source_problem"]
 
-ROW_COLUMNS = ("uid", "group_id", "prompt", "prompt_ids", "answer", "task")
+ROW_COLUMNS = ("uid", "group_id", "prompt", "question", "prompt_ids", "answer", "task")
 
 
 class DatasetOp(Operator):
@@ -47,13 +51,14 @@ class DatasetOp(Operator):
         from dora.ops.models import load_tokenizer
 
         self.tokenizer = load_tokenizer(ctx.model)
-        source = p["source"]
-        if source.endswith((".jsonl", ".json", ".parquet")):
-            loaded = file_records(source, p["size"], p["on_error"])
-            records, self.skipped = loaded.records, (loaded.skipped, loaded.skipped_where)
+        source, limit = p["source"], p["max_prompt_tokens"]
+        if is_file_source(source):
+            rows = prepared(raw_rows(source), self.tokenizer, p["chat_template"], limit, parse_file_row(source))
         else:
-            records, self.skipped = load_records(source, p["size"], self.seed, dict(p["task_params"])), (0, [])
-        self.records = [render(r, self.tokenizer, p["chat_template"]) for r in records]
+            generated = load_records(source, p["size"], self.seed, dict(p["task_params"]))
+            rows = prepared(((f"{source}[{i}]", r) for i, r in enumerate(generated)), self.tokenizer, p["chat_template"], limit)
+        loaded = collect(rows, p["on_error"], p["size"], source)
+        self.records, self.skipped = loaded.records, (loaded.skipped, loaded.skipped_where)
         self.has_meta = any("task_meta" in r for r in self.records)
 
     def source(self) -> Iterator[pa.RecordBatch]:
@@ -86,7 +91,7 @@ class DatasetOp(Operator):
             for i in range(self.group_size):
                 cols["uid"].append(f"{gid}-{i}")
                 cols["group_id"].append(gid)
-                for c in ("prompt", "prompt_ids", "answer", "task"):
+                for c in ("prompt", "question", "prompt_ids", "answer", "task"):
                     cols[c].append(rec[c])
                 if self.has_meta:
                     cols["task_meta"].append(rec.get("task_meta"))
@@ -95,43 +100,6 @@ class DatasetOp(Operator):
 
 
 # -- loading ---------------------------------------------------------------------------------
-
-
-def source_problem(source: str) -> str | None:
-    """What is wrong with a `source` param before any data is read (None: it can be loaded)."""
-    if source.startswith("synthetic:"):
-        from dora.graph.opspec import did_you_mean
-        from dora.ops.tasks import TASKS
-
-        name = source.split(":", 1)[1]
-        if name in TASKS:
-            return None
-        return f"unknown synthetic task {name!r} ({did_you_mean(name, sorted(TASKS)) or 'tasks: ' + ', '.join(sorted(TASKS))})"
-    if source.startswith("reasoning_gym:"):
-        try:
-            from reasoning_gym.factory import DATASETS
-        except ImportError:
-            return f"source {source} needs reasoning-gym: pip install reasoning-gym"
-        from dora.graph.opspec import did_you_mean
-
-        name = source.split(":", 1)[1]
-        if name in DATASETS:
-            return None
-        return f"unknown reasoning-gym dataset {name!r} ({did_you_mean(name, sorted(DATASETS)) or 'see reasoning_gym.factory.DATASETS'})"
-    if source.endswith((".jsonl", ".json", ".parquet")):
-        return None if os.path.isfile(source) else f"dataset file {source!r} does not exist (paths are relative to where dora runs)"
-    return f"source {source!r}: expected synthetic:NAME, reasoning_gym:NAME, or a path ending in .jsonl or .parquet"
-
-
-def check_params(p: dict[str, Any]) -> list[tuple[str, str]]:
-    """`dora validate`'s look at the data: a file source's first rows parse as a run would read them
-    (its existence is source_problem's)."""
-    source = p["source"]
-    if source.endswith((".jsonl", ".json", ".parquet")) and os.path.isfile(source):
-        problem = first_rows_problem(source, p["on_error"])
-        if problem:
-            return [("source", problem + (" (on_error: skip skips bad rows)" if p["on_error"] == "fail" else ""))]
-    return []
 
 
 def load_records(source: str, size: int, seed: int, task_params: dict[str, Any]) -> list[dict]:
@@ -147,8 +115,8 @@ def load_records(source: str, size: int, seed: int, task_params: dict[str, Any])
         return [{"prompt": r["prompt"], "answer": str(r["answer"]), "task": source} for r in rows]
     if source.startswith("reasoning_gym:"):
         return reasoning_gym_records(source.split(":", 1)[1], size, seed, task_params)
-    if source.endswith((".jsonl", ".json", ".parquet")):
-        return file_records(source, size).records
+    if is_file_source(source):
+        return collect(parsed(raw_rows(source), parse_file_row(source)), "fail", size, source).records
     raise DatasetError(f"dataset source {source!r}: expected synthetic:NAME, reasoning_gym:NAME, "
                        "or a path ending in .jsonl or .parquet")
 
@@ -168,31 +136,3 @@ def reasoning_gym_records(name: str, size: int, seed: int, task_params: dict[str
         out.append({"prompt": entry["question"], "answer": str(entry["answer"]), "task": f"reasoning_gym:{name}",
                     "task_meta": json.dumps(meta, default=str)})
     return out
-
-
-# -- rendering -------------------------------------------------------------------------------
-
-
-def render(record: dict, tokenizer, chat_template: str | None) -> dict:
-    """record with `prompt` as the text fed to the model and `prompt_ids` its tokens.
-
-    chat_template: None = the tokenizer's own template if it has one (chat models), else the
-    raw text; "none" = never apply a template; any other string = a Jinja template to use.
-    """
-    prompt = record["prompt"]
-    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-    use_template = chat_template != "none" and (chat_template is not None or getattr(tokenizer, "chat_template", None))
-    if use_template and not hasattr(tokenizer, "apply_chat_template"):
-        raise DatasetError(f"chat_template is set but the model's tokenizer ({type(tokenizer).__name__}) has no chat "
-                           "support; use chat_template: none, or a chat model")
-    if use_template:
-        kwargs = {"chat_template": chat_template} if chat_template else {}
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
-        # the template already holds the special tokens; adding BOS again would double it
-        ids = tokenizer.encode(text, add_special_tokens=False)
-    else:
-        text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in messages)
-        ids = tokenizer.encode(text, add_special_tokens=False)
-    if not ids:
-        raise DatasetError(f"empty prompt after tokenization: {str(prompt)[:80]!r}")
-    return {**record, "prompt": text, "prompt_ids": [int(i) for i in ids]}

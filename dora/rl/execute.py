@@ -16,15 +16,18 @@ import time
 import traceback
 from typing import Any
 
+from dora.graph.policy_roles import policy_dir
 from dora.graph.resolve import resolve
+from dora.graph.validate import FOLDER_NOTE
 from dora.graph.yaml_io import to_yaml
 from dora.observe.dashboard.live import LIVE_S, LiveDashboard
 from dora.observe.metric_sinks import open_for_run
-from dora.observe.metrics import MetricsLog, summarize, write_summary
+from dora.observe.metrics import MetricsLog, policy_records, summarize, write_summary
 from dora.observe.progress import RunProgress
 from dora.ops.weights import versions as weights
 from dora.rl import lineage, run_state
 from dora.rl.driver import RLDriver
+from dora.rl.policies_driver import MultiPolicyDriver
 from dora.rl.elastic_lending import elastic_spares
 from dora.rl.roles import RLRoles
 from dora.runtime import run_files
@@ -96,11 +99,12 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
     current (False: no live counters at all, for the dashboard's overhead benchmark); dashboard_port
     also serves it (0: any free port)."""
     resolved = resolved or resolve(graph)
-    problem = _claim_run_files(graph, run_dir, quiet, write_pipeline=resume is None)
+    os.makedirs(run_dir, exist_ok=True)
+    problem = _claim_run_files(graph, run_dir, quiet, write_pipeline=resume is None, policies=list(resolved.policies))
     if problem:
         print(f"dora run: {problem}", file=sys.stderr)
         return 2
-    roles = RLRoles.find(graph, resolved.op_of)
+    roles = RLRoles.of_policies(resolved) or RLRoles.find(graph, resolved.op_of)
     if resume is not None and roles is None:
         print("dora run: --resume continues RL runs only (this graph has no dataset -> generate -> update)", file=sys.stderr)
         return 2
@@ -129,35 +133,41 @@ def execute(graph, run_dir: str, backend: str = "local", seed: int = 0, quiet: b
     return 0
 
 
-def _claim_run_files(graph, run_dir: str, quiet: bool, write_pipeline: bool) -> str | None:
-    """Remove what dead runs left, claim this run's /dev/shm folder, write pipeline.yaml (a fresh
-    run: exactly what runs, overrides applied); what stands in the way, or None."""
+def _claim_run_files(graph, run_dir: str, quiet: bool, write_pipeline: bool, policies: list[str] = ()) -> str | None:
+    """Remove what dead runs left, claim this run's /dev/shm folder (one per policy in a run of several:
+    each trainer writes its versions under its own RUN_DIR/policies/<update>), write pipeline.yaml (a
+    fresh run: exactly what runs, overrides applied); what stands in the way, or None."""
     swept = run_files.sweep_stale()
     if swept and not quiet:
         print(f"dora run: removed what {len(swept)} dead run(s) left: {', '.join(swept)}", file=sys.stderr)
-    shm = weights.shm_dir(run_dir)
-    if os.access(os.path.dirname(shm), os.W_OK):
-        try:   # before anything in run_dir is written: a live run's files stay untouched
-            run_files.claim(shm, run_dir)   # exclusive, 0700
-        except run_files.RunFilesError as e:
-            return str(e)
+    for folder in _weights_folders(run_dir, policies):
+        shm = weights.shm_dir(folder)
+        if os.access(os.path.dirname(shm), os.W_OK):
+            try:   # before anything in run_dir is written: a live run's files stay untouched
+                run_files.claim(shm, run_dir)   # exclusive, 0700
+            except run_files.RunFilesError as e:
+                return str(e)
     if write_pipeline:
         with open(os.path.join(run_dir, "pipeline.yaml"), "w", encoding="utf-8") as fh:
+            if graph.source_file:   # (--resume imports modules from beside the original, as this run does)
+                fh.write(f"{FOLDER_NOTE}{os.path.dirname(os.path.abspath(graph.source_file))}\n")
             fh.write(to_yaml(graph))
     return None
 
 
-def _build(graph, run_dir: str, resolved, roles: RLRoles | None, *, seed: int, quiet: bool, source: str | None,
+def _weights_folders(run_dir: str, policies: list[str]) -> list[str]:
+    """The folders whose weight versions the run writes: RUN_DIR, or each policy's."""
+    return [policy_dir(run_dir, u) for u in policies] if policies else [run_dir]
+
+
+def _build(graph, run_dir: str, resolved, roles, *, seed: int, quiet: bool, source: str | None,
            resume, dashboard_port: int | None, live_state: bool, controller: dict[str, Any]) -> _Run | int:
-    """The run's observers, driver and controller; an exit code when one of them cannot start."""
+    """The run's observers, driver and controller; an exit code when one of them cannot start.
+    `roles`: an RLRoles, {update node: RLRoles} for a run of several policies, or None (dataflow)."""
     a = resolved.async_
     earlier = None
     if resume is not None:   # one lineage: what the dead run did after checkpoint N goes to rolled_back/
-        rolled = lineage.roll_back(run_dir, int(resume.state["step"]), untrusted=resume.skipped)
-        if rolled.get("folder") and not quiet:
-            print(f"dora run: --resume from step {rolled['resumed_from_step']}: moved {rolled['metrics_rows']} step(s) "
-                  f"and {rolled['trained_trajectories']} trained trajectories the checkpoint never saw to "
-                  f"{rolled['folder']}", file=sys.stderr)
+        _roll_back(run_dir, resume, quiet)
         earlier = lineage.kept_records(run_dir)
     logged = {"pipeline": source, "mode": a.mode, "max_staleness": a.max_staleness, "train_batch": a.train_batch,
               "rollout_batch": a.rollout_batch, "seed": seed}
@@ -166,14 +176,15 @@ def _build(graph, run_dir: str, resolved, roles: RLRoles | None, *, seed: int, q
         return 1
     metrics = MetricsLog(run_dir, sinks, append=resume is not None, earlier=earlier,
                          open_sinks=lambda: open_for_run(graph, run_dir, logged))   # (again after a trainer restart)
-    total = resolved.params[roles.update]["steps"] if roles else 0
+    several = isinstance(roles, dict)
+    total = (sum(resolved.params[u]["steps"] for u in roles) if several else
+             resolved.params[roles.update]["steps"] if roles else 0)
     progress = RunProgress(total, graph.name, quiet=quiet)
-    driver = RLDriver(resolved, roles, metrics, progress) if roles else None
+    driver = (MultiPolicyDriver(resolved, roles, metrics, progress) if several else
+              RLDriver(resolved, roles, metrics, progress) if roles else None)
     restores = None
     if resume is not None:
-        driver.restore(resume.state, resume.pending)
-        driver.checkpoints.append(resume.folder)   # (what a trainer restart goes back to, before a newer one)
-        restores = run_state.replica_restores(resume.state, roles, graph, resume.folder)
+        restores = _restore(driver, resume, graph)
         _keep_earlier_trace(run_dir)
     dash = None
     if live_state or dashboard_port is not None:
@@ -189,6 +200,33 @@ def _build(graph, run_dir: str, resolved, roles: RLRoles | None, *, seed: int, q
     if driver is not None:
         driver.attach(ctrl)
     return _Run(metrics, progress, driver, dash, ctrl)
+
+
+def _roll_back(run_dir: str, resume, quiet: bool) -> None:
+    """Cut the run's files back to the checkpoint a resume starts from: each policy's to its own
+    (`resume` a {policy: Resume or None (no checkpoint: from step 0)} in a run of several)."""
+    several = isinstance(resume, dict)
+    for policy, r in (resume.items() if several else [(None, resume)]):
+        step = int(r.state["step"]) if r is not None else 0
+        rolled = lineage.roll_back(run_dir, step, untrusted=r.skipped if r is not None else [], policy=policy,
+                                   files_dir=policy_dir(run_dir, policy) if policy else None)
+        if rolled.get("folder") and not quiet:
+            print(f"dora run: --resume {policy + ' ' if policy else ''}from step {rolled['resumed_from_step']}: moved "
+                  f"{rolled['metrics_rows']} step(s) and {rolled['trained_trajectories']} trained trajectories the "
+                  f"checkpoint never saw to {rolled['folder']}", file=sys.stderr)
+
+
+def _restore(driver, resume, graph) -> dict[str, dict[str, Any]]:
+    """Put the driver (each policy's) where its checkpoint left it; what each replica restores from."""
+    pairs = ([(driver.drivers[u], r) for u, r in resume.items()] if isinstance(resume, dict) else [(driver, resume)])
+    restores: dict[str, dict[str, Any]] = {}
+    for d, r in pairs:
+        if r is None:
+            continue
+        d.restore(r.state, r.pending)
+        d.checkpoints.append(r.folder)   # (what a trainer restart goes back to, before a newer one)
+        restores.update(run_state.replica_restores(r.state, d.roles, graph, r.folder))
+    return restores
 
 
 def _keep_earlier_trace(run_dir: str) -> None:
@@ -219,8 +257,30 @@ def _run(run: _Run, signals: StopSignals) -> tuple[str, str | None]:
         signals.workers_gone = True
         run.progress.close()
         run.metrics.close()
-        weights.cleanup(run.ctrl.run_dir)   # the /dev/shm copies; checkpoints stay in run_dir
+        for folder in _weights_folders(run.ctrl.run_dir, list(run.ctrl.resolved.policies)):
+            weights.cleanup(folder)   # the /dev/shm copies; checkpoints stay in run_dir
     return ended, error
+
+
+def _driver_part(driver: RLDriver) -> dict[str, Any]:
+    """A policy's part of summary.json: the accounting of every trajectory it dispatched, weight loads,
+    trainer restarts, checkpoints, elastic lending and shared devices where they ran."""
+    part: dict[str, Any] = {"accounting": driver.finish(), "stop_reason": driver.stop_reason}
+    part["weight_loads"] = driver.weight_loads
+    part["trainer_restarts"] = driver.restarts.count   # (dora/rl/trainer_restart.py)
+    if driver.elastic is not None:   # lends, hand-back seconds, requests and KV bytes moved
+        part["elastic"] = driver.elastic.summary()
+    if driver.shared is not None:    # sleeps before each step, wakes at each publish, bytes handed back
+        part["shared_devices"] = driver.shared.summary()
+    part["checkpoints"] = driver.checkpoint_log
+    return part
+
+
+def _violations(part: dict[str, Any]) -> dict[str, Any]:
+    """C1-C3: the larger of what the steps' metrics and the accounting counted."""
+    for key in ("c1_violations", "c2_violations", "c3_violations"):
+        part[key] = max(part.get(key, 0), part["accounting"].get(key, 0))
+    return part
 
 
 def _summary(run: _Run, graph, run_dir: str, *, backend: str, seed: int, source: str | None, resume, ended: str,
@@ -233,22 +293,27 @@ def _summary(run: _Run, graph, run_dir: str, *, backend: str, seed: int, source:
                                         source=source, ended=ended, wire_rejected=ctrl.rejected())
     if ended == "preempted":
         summary["stop_reason"] = ctrl.stop_requested or "interrupted"
-    if resume is not None:
+    if isinstance(resume, dict):   # (informational: the files hold one lineage per policy)
+        summary["resumed_from_step"] = {u: int(r.state["step"]) if r is not None else 0 for u, r in resume.items()}
+    elif resume is not None:
         summary["resumed_from_step"] = int(resume.state["step"])   # (informational: the files hold one lineage)
     summary["respawn_log"] = ctrl.respawn_log   # {replica, why, seconds until it took work again}
     try:
-        if driver is not None:
+        if isinstance(driver, MultiPolicyDriver):   # each policy's part under its name, the sums on top
+            summary["policies"] = {u: _violations({**summarize(policy_records(run.metrics.records, u)), **_driver_part(d)})
+                                   for u, d in driver.drivers.items()}
             summary["accounting"] = driver.finish()
+            summary["stop_reason"] = summary.get("stop_reason") or "; ".join(
+                f"{u}: {p['stop_reason']}" for u, p in summary["policies"].items() if p.get("stop_reason")) or None
+            for key in ("c1_violations", "c2_violations", "c3_violations", "weight_loads", "trainer_restarts", "tokens",
+                        "trajectories", "migrated_requests", "reprefill_tokens"):
+                summary[key] = sum(p.get(key) or 0 for p in summary["policies"].values())
+            summary["staleness_max"] = max((p.get("staleness_max") or 0) for p in summary["policies"].values())
+            driver.trace.write(os.path.join(run_dir, "trace.json"))
+        elif driver is not None:
+            summary.update({k: v for k, v in _driver_part(driver).items() if k != "stop_reason"})
             summary["stop_reason"] = summary.get("stop_reason") or driver.stop_reason
-            for key in ("c1_violations", "c2_violations", "c3_violations"):
-                summary[key] = max(summary.get(key, 0), summary["accounting"].get(key, 0))
-            summary["weight_loads"] = driver.weight_loads
-            summary["trainer_restarts"] = driver.restarts.count   # (dora/rl/trainer_restart.py)
-            if driver.elastic is not None:   # lends, hand-back seconds, requests and KV bytes moved
-                summary["elastic"] = driver.elastic.summary()
-            if driver.shared is not None:    # sleeps before each step, wakes at each publish, bytes handed back
-                summary["shared_devices"] = driver.shared.summary()
-            summary["checkpoints"] = driver.checkpoint_log
+            _violations(summary)
             driver.trace.write(os.path.join(run_dir, "trace.json"))
         else:
             with open(os.path.join(run_dir, "trace.json"), "w") as fh:

@@ -10,15 +10,19 @@ data, dora/observe/dashboard) and what `run.loggers` asks for (DIR/tb, DIR/wandb
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
 import time
+from typing import Any
 
+from dora.graph.diagnostics import BadInput
+from dora.graph.model import Graph
 from dora.rl.execute import execute
 from dora.runtime.run_controller import START_TIMEOUT_S, STALL_TIMEOUT_S
 
-__all__ = ["execute", "load_graph", "run_main"]
+__all__ = ["Launch", "LaunchRefused", "checkpoint_to_resume", "execute", "load_graph", "prepare", "run_folder", "run_main"]
 
 EXAMPLE = """example:
   dora run pipelines/quickstart.yaml --out runs/quickstart
@@ -77,6 +81,23 @@ def _seconds(text: str) -> float:
     return value
 
 
+class LaunchRefused(BadInput):
+    """A run that cannot start as asked (exit 2, nothing touched); the message says why and what to do."""
+
+
+@dataclasses.dataclass
+class Launch:
+    """A validated graph, ready to run: its settings, placement and run folder."""
+
+    graph: Graph
+    resolved: Any
+    plan: Any
+    machine: Any
+    run_dir: str
+    seed: int
+    resume: Any = None
+
+
 def run_main(argv: list[str] | None = None) -> int:
     p = _parser()
     try:
@@ -93,83 +114,128 @@ def run_main(argv: list[str] | None = None) -> int:
         # the run's own pipeline; a positional argument is then an override like the rest
         args.overrides = ([args.pipeline] if args.pipeline else []) + args.overrides
         args.pipeline, args.out = os.path.join(args.resume, "pipeline.yaml"), args.resume
-        resume = _checkpoint_to_resume(args.resume)
-        if resume is None:
-            return 2
     elif args.pipeline is None:
         print("dora run: give a pipeline file (or --resume RUN_DIR)", file=sys.stderr)
         return 2
-    graph = load_graph(args.pipeline, args.overrides)
-    if graph is None:
-        return 2
-    from dora.graph.resolve import resolve
-    resolved = resolve(graph)   # cannot fail: validation ran the same checks
-    if args.backend == "local":
-        from dora.runtime.backends.local import resolve_transport
-        try:
-            resolve_transport()   # checks DORA_TRANSPORT before anything starts
-        except ValueError as e:
-            print(f"dora run: {e}", file=sys.stderr)
-            return 2
-    from dora.rl.elastic_lending import elastic_spares
-    from dora.runtime.placement import Inventory, format_plan, gpu_shortfall, plan as make_plan
-    machine = Inventory.detect()
     try:
-        plan = make_plan(graph, spares=elastic_spares(graph))   # planning needs no device: the pools' own GPU count
-    except ValueError as e:
-        print(f"dora run: {args.pipeline}: cannot place the graph: {e}", file=sys.stderr)
+        if args.resume:
+            run_folder(args.resume)
+        graph = load_graph(args.pipeline, args.overrides)
+        if graph is None:
+            return 2
+        if args.resume:   # (each policy's own checkpoints in a run of several)
+            resume = checkpoint_to_resume(args.resume, graph)
+        launch = prepare(graph, backend=args.backend, out=args.out, seed=args.seed, resume=resume,
+                         overwrite=args.overwrite, source=args.pipeline, dry_run=args.dry_run)
+    except LaunchRefused as e:
+        print(f"dora run: {e}", file=sys.stderr)
         return 2
-    if args.backend == "ray" and any(r.spare for r in plan.replicas):
-        # Ray places each replica in its own placement group: a spare would get devices of its own,
-        # not the trainer's, and lending them would measure nothing
-        print(f"dora run: {args.pipeline}: async.elastic runs on the local backend only (its spares share the "
-              "trainer's devices; Ray would give them their own)", file=sys.stderr)
-        return 2
-    if args.backend == "ray" and plan.shared:
-        # a Ray placement group per replica: replicas declared to share a device would get one each
-        print(f"dora run: {args.pipeline}: devices shared by memory shares run on the local backend only (Ray "
-              "would give each replica devices of its own)", file=sys.stderr)
-        return 2
-    if args.dry_run:
-        print(format_plan(plan, args.backend, machine))
+    if launch is None:   # --dry-run: the plan was printed
         return 0
-    short = gpu_shortfall(graph, machine) if args.backend == "local" else None
-    if short:
-        print(f"dora run: {args.pipeline}: {short}", file=sys.stderr)
-        return 2
-    seed = args.seed if args.seed is not None else resolved.run.seed
-    run_dir = args.out or resolved.run.out or os.path.join("runs", f"{graph.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    if resume is None and not args.overwrite and _holds_a_run(run_dir):
-        print(f"dora run: {run_dir} holds an earlier run: continue it with --resume {run_dir}, or start afresh "
-              "with --overwrite or another --out (nothing was touched)", file=sys.stderr)
-        return 2
-    os.makedirs(run_dir, exist_ok=True)
-    return execute(graph, run_dir, backend=args.backend, seed=seed, quiet=args.quiet, deadline_s=args.deadline,
-                   source=args.pipeline, hb_timeout=args.hb_timeout, resolved=resolved,
+    return execute(graph, launch.run_dir, backend=args.backend, seed=launch.seed, quiet=args.quiet,
+                   deadline_s=args.deadline, source=args.pipeline, hb_timeout=args.hb_timeout, resolved=launch.resolved,
                    start_timeout_s=args.start_timeout, stall_timeout_s=args.stall_timeout, resume=resume,
                    dashboard_port=args.dashboard)
 
 
+def prepare(graph: Graph, *, backend: str = "local", out: str | None = None, seed: int | None = None, resume=None,
+            overwrite: bool = False, source: str | None = None, dry_run: bool = False) -> Launch | None:
+    """Everything `dora run` decides before starting a validated graph: its settings, the transport,
+    the placement (printed and None with dry_run), the devices this machine has, the run folder (made;
+    one holding an earlier run is refused unless overwrite or resume). LaunchRefused says why not."""
+    from dora.graph.resolve import resolve
+    from dora.rl.elastic_lending import elastic_spares
+    from dora.runtime.placement import Inventory, format_plan, gpu_shortfall, plan as make_plan
+
+    where = source or graph.source_file or graph.name
+    resolved = resolve(graph)   # cannot fail: validation ran the same checks
+    if backend == "local":
+        from dora.runtime.backends.local import resolve_transport
+        try:
+            resolve_transport()   # checks DORA_TRANSPORT before anything starts
+        except ValueError as e:
+            raise LaunchRefused(str(e)) from None
+    machine = Inventory.detect()
+    try:
+        plan = make_plan(graph, spares=elastic_spares(graph))   # planning needs no device: the pools' own GPU count
+    except ValueError as e:
+        raise LaunchRefused(f"{where}: cannot place the graph: {e}") from None
+    if backend == "ray" and any(r.spare for r in plan.replicas):
+        # Ray places each replica in its own placement group: a spare would get devices of its own,
+        # not the trainer's, and lending them would measure nothing
+        raise LaunchRefused(f"{where}: async.elastic runs on the local backend only (its spares share the "
+                            "trainer's devices; Ray would give them their own)")
+    if backend == "ray" and plan.shared:
+        # a Ray placement group per replica: replicas declared to share a device would get one each
+        raise LaunchRefused(f"{where}: devices shared by memory shares run on the local backend only (Ray "
+                            "would give each replica devices of its own)")
+    if dry_run:
+        print(format_plan(plan, backend, machine))
+        return None
+    short = gpu_shortfall(graph, machine) if backend == "local" else None
+    if short:
+        raise LaunchRefused(f"{where}: {short}")
+    seed = seed if seed is not None else resolved.run.seed
+    run_dir = out or resolved.run.out or os.path.join("runs", f"{graph.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if resume is None and not overwrite and _holds_a_run(run_dir):
+        raise LaunchRefused(f"{run_dir} holds an earlier run: continue it with --resume {run_dir} (dora.run(..., "
+                            "resume=True)), or start afresh with --overwrite or another --out (nothing was touched)")
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as e:
+        raise LaunchRefused(f"cannot make the run folder {run_dir}: {e.strerror or e}") from None
+    return Launch(graph, resolved, plan, machine, run_dir, seed, resume)
+
+
 def _holds_a_run(run_dir: str) -> bool:
     metrics = os.path.join(run_dir, "metrics.jsonl")
-    return (os.path.isfile(metrics) and os.path.getsize(metrics) > 0) or os.path.isdir(os.path.join(run_dir, "checkpoints"))
+    return ((os.path.isfile(metrics) and os.path.getsize(metrics) > 0) or os.path.isdir(os.path.join(run_dir, "checkpoints"))
+            or os.path.isdir(os.path.join(run_dir, "policies")))
 
 
-def _checkpoint_to_resume(run_dir: str):
+def run_folder(run_dir: str) -> str:
+    """The pipeline.yaml of the run in run_dir, which --resume continues; LaunchRefused if it is not a run."""
+    path = os.path.join(run_dir, "pipeline.yaml")
+    if not os.path.isfile(path):
+        raise LaunchRefused(f"--resume {run_dir}: not a run directory (no pipeline.yaml)")
+    return path
+
+
+def checkpoint_to_resume(run_dir: str, graph: Graph | None = None):
     """The run's newest checkpoint that verifies against its manifest (newer ones that do not are
-    named and skipped), or None after saying why not (exit 2)."""
-    from dora.rl import checkpoint
-    if not os.path.isfile(os.path.join(run_dir, "pipeline.yaml")):
-        print(f"dora run: --resume {run_dir}: not a run directory (no pipeline.yaml)", file=sys.stderr)
-        return None
-    found, skipped = checkpoint.trusted(run_dir)
-    for path, why in skipped:   # (moved to rolled_back/ once the run starts: dora/rl/lineage.py)
-        print(f"dora run: --resume {run_dir}: skipping checkpoint {path}: {why}", file=sys.stderr)
+    named and skipped); LaunchRefused when there is none. `graph`: the run's own; in a run of several
+    policies each policy resumes from its own: {policy: Resume, or None for a policy with none (it
+    starts afresh)}."""
+    run_folder(run_dir)
+    from dora.graph.policy_roles import policy_dir
+    from dora.graph.resolve import resolve
+    policies = list(resolve(graph).policies) if graph is not None else []
+    if policies:
+        found = {u: _trusted(policy_dir(run_dir, u), f"{run_dir} ({u})") for u in policies}
+        if all(r is None for r in found.values()):
+            raise LaunchRefused(f"--resume {run_dir}: no policy has a complete checkpoint "
+                                f"(in {run_dir}/policies/<update>/checkpoints)")
+        return found
+    found = _trusted(run_dir, run_dir)
     if found is None:
-        print(f"dora run: --resume {run_dir}: no complete checkpoint in {run_dir}/checkpoints", file=sys.stderr)
+        raise LaunchRefused(f"--resume {run_dir}: no complete checkpoint in {run_dir}/checkpoints")
+    return found
+
+
+def _trusted(folder: str, what: str):
+    """checkpoint.Resume of the newest trusted checkpoint in folder/checkpoints (None: none)."""
+    from dora.rl import checkpoint
+    found, skipped = checkpoint.trusted(folder)
+    for path, why in skipped:   # (moved to rolled_back/ once the run starts: dora/rl/lineage.py)
+        print(f"dora run: --resume {what}: skipping checkpoint {path}: {why}", file=sys.stderr)
+    if found is None:
         return None
     if skipped:
-        print(f"dora run: --resume {run_dir}: continuing from {found[1]}", file=sys.stderr)
+        print(f"dora run: --resume {what}: continuing from {found[1]}", file=sys.stderr)
+    from dora.ops.weights.pretrained import holds_optimizer
+    if not holds_optimizer(found[1]):
+        print(f"dora run: --resume {what}: {found[1]} holds no optimizer state (run.save_optimizer): the trainer "
+              "continues from its weights with AdamW's moments afresh", file=sys.stderr)
     state, pending = checkpoint.read(found[1])
     return checkpoint.Resume(found[1], state, pending, [path for path, _ in skipped])
 

@@ -1,7 +1,8 @@
 """One lineage on resume: before `dora run --resume` continues from checkpoint N, the run's files
 are cut back to what the weights of step N saw.
 
-    metrics.jsonl, trained.jsonl   keep the lines of steps <= N (each step once, each trained uid once)
+    metrics.jsonl, trained.jsonl   keep the lines of steps <= N (each step once, each trained uid once);
+                                   in a run of several policies, the lines of the policy going back only
     tb/, wandb/                    the logger folders of the earlier segments (they hold steps > N)
     checkpoints/step_M (M > N)     folders --resume did not trust (torn or corrupted)
 
@@ -38,9 +39,10 @@ def segment_dir(run_dir: str, kind: str = "resume") -> str:
     return path
 
 
-def split_lines(path: str, step: int) -> tuple[list[str], list[str]]:
-    """(lines of steps <= step, every other line) of a jsonl ledger; a torn last line (the crash cut
-    it mid-write) is rolled back too."""
+def split_lines(path: str, step: int, policy: str | None = None) -> tuple[list[str], list[str]]:
+    """(lines kept, lines cut) of a jsonl ledger: cut are the lines of steps > step (of `policy` only,
+    in a run of several: its lines say `"policy": policy`; the others' lines are kept) and a torn last
+    line (the crash cut it mid-write)."""
     kept, cut = [], []
     if not os.path.isfile(path):
         return kept, cut
@@ -54,7 +56,8 @@ def split_lines(path: str, step: int) -> tuple[list[str], list[str]]:
                 cut.append(line if line.endswith("\n") else line + "\n")
                 continue
             s = rec.get("step") if isinstance(rec, dict) else None
-            (kept if isinstance(s, int) and s <= step else cut).append(line)
+            others = policy is not None and isinstance(rec, dict) and rec.get("policy") != policy
+            (kept if others or (isinstance(s, int) and s <= step) else cut).append(line)
     return kept, cut
 
 
@@ -67,11 +70,17 @@ def _replace(path: str, lines: list[str]) -> None:
     os.replace(tmp, path)
 
 
-def roll_back(run_dir: str, step: int, untrusted: list[str] = (), kind: str = "resume") -> dict[str, Any]:
+def roll_back(run_dir: str, step: int, untrusted: list[str] = (), kind: str = "resume", policy: str | None = None,
+              files_dir: str | None = None) -> dict[str, Any]:
     """Cut the run's files back to checkpoint `step` (see the module doc); `untrusted`: checkpoint
     folders newer than it that --resume skipped; `kind`: resume, or restart (a trainer restart inside
-    the run: rolled_back/restart_K/). Returns what was moved (also in rolled_back.json)."""
-    splits = {name: split_lines(os.path.join(run_dir, name), step) for name in LEDGERS}
+    the run: rolled_back/restart_K/). In a run of several policies, `policy` is the one going back
+    (its lines of metrics.jsonl only) and `files_dir` where its trained.jsonl is (RUN_DIR/policies/<it>).
+    Returns what was moved (also in rolled_back.json)."""
+    where = {"metrics.jsonl": run_dir, "trained.jsonl": files_dir or run_dir}
+    # (trained.jsonl is the policy's own file: every line of it is the policy's)
+    splits = {name: split_lines(os.path.join(where[name], name), step, policy if name == "metrics.jsonl" else None)
+              for name in LEDGERS}
     loggers = [d for d in LOGGER_DIRS if os.path.isdir(os.path.join(run_dir, d))]
     untrusted = [p for p in untrusted if os.path.isdir(p)]
     report: dict[str, Any] = {FROM_STEP[kind]: int(step),
@@ -80,6 +89,8 @@ def roll_back(run_dir: str, step: int, untrusted: list[str] = (), kind: str = "r
                               "trained_trajectories": sum(len(json.loads(x).get("uids", []))
                                                           for x in splits["trained.jsonl"][1] if _is_json(x)),
                               "logger_dirs": loggers, "checkpoints": [os.path.basename(p) for p in untrusted]}
+    if policy is not None:
+        report["policy"] = policy
     if not (any(cut for _, cut in splits.values()) or loggers or untrusted):
         return report
     seg = segment_dir(run_dir, kind)
@@ -96,7 +107,7 @@ def roll_back(run_dir: str, step: int, untrusted: list[str] = (), kind: str = "r
         json.dump(report, f, indent=2)
     for name, (kept, cut) in splits.items():
         if cut:
-            _replace(os.path.join(run_dir, name), kept)
+            _replace(os.path.join(where[name], name), kept)
     report["folder"] = seg
     return report
 

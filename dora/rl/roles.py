@@ -1,4 +1,5 @@
-"""Which nodes of a graph play which part in an RL run (a graph without them runs as plain dataflow)."""
+"""Which nodes of a graph play which part in an RL run (a graph without them runs as plain dataflow),
+for each policy of a graph with several (dora/graph/policies.py)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,14 @@ class RLRoles:
         if len(up_feeds) != 1:
             return None
         return RLRoles(feeds[0].src, gen, up, up_feeds[0].src)
+
+    @staticmethod
+    def of_policies(resolved) -> "dict[str, RLRoles] | None":
+        """update node -> its policy's roles, for a graph with several update nodes (validation made
+        sure each is one prompt source -> one generate node, one feed -> the update node); None for
+        a single-policy graph."""
+        if not resolved.policies:
+            return None
+        from dora.graph.policies import find_policies
+        return {p.update: RLRoles(p.prompt_source, p.generate, p.update, p.trainer_feed)
+                for p in find_policies(resolved.graph, resolved.specs)}

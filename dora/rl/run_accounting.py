@@ -33,7 +33,7 @@ def account(d) -> dict[str, Any]:
     r = d.restarts
     a = merge(r.earlier, a)
     a["filtered"] = len(d.filtered_uids)
-    a["reward_errors"], a["dataset_skipped_rows"] = d.bad_rows["reward_errors"], d.bad_rows["dataset_skipped"]
+    a.update(d.row_failures.totals())
     # a resumed run: this segment's identity holds on its own; these tie it to the earlier ones
     a["trained_before_resume"] = d.trained_before
     a["reissued_at_resume"] = d.reissued_at_resume

@@ -58,6 +58,9 @@ def capture(driver, step: int) -> Snapshot:
         "step": step, "version": step, "consumed": list(prompts.consumed), "sampling_states": sampling,
         "reissue": reissue, "trained_before": driver.trained_before + driver.trained_here + len(trained),
         "pending_trajectories": len(pending_rows),
+        # (a resumed run numbers its reissued groups on from here: -1, -2, ... of the groups requeued
+        # above stay theirs, and a to_prompts node downstream never sees one trajectory uid twice)
+        "reissue_serial": prompts.reissue_serial,
     }
     pending = pa.Table.from_pylist(pending_rows, schema=feed.schema) if pending_rows else None
     return Snapshot(step, state, pending)
@@ -66,13 +69,16 @@ def capture(driver, step: int) -> Snapshot:
 def commit(driver, snap: Snapshot, keep: int) -> str:
     """Write the trainer's part (a control call, while the trainer is idle) and the driver's, then
     rename the checkpoint into place."""
-    run_dir = driver.ctrl.run_dir
+    run_dir = driver.files_dir
     staged = checkpoint.staging(run_dir, snap.step)
-    done = driver.ctrl.call(driver.roles.update, 0, "save_checkpoint", {"folder": staged}, timeout=600.0)
+    run = driver.run_cfg
+    done = driver.ctrl.call(driver.roles.update, 0, "save_checkpoint",
+                            {"folder": staged, "optimizer": run.save_optimizer != "never", "dtype": run.save_dtype},
+                            timeout=600.0)
     if int(done["step"]) != snap.step:
         raise RuntimeError(f"the trainer checkpointed step {done['step']}, the run state is of step {snap.step}")
     checkpoint.write_state(staged, snap.state, snap.pending)
-    return checkpoint.commit(run_dir, snap.step, keep)
+    return checkpoint.commit(run_dir, snap.step, keep, optimizer_in_newest_only=run.save_optimizer == "last")
 
 
 def replica_restores(state: dict[str, Any], roles, graph, folder: str) -> dict[str, dict[str, Any]]:
@@ -97,6 +103,7 @@ def restore(driver, state: dict[str, Any], pending: pa.Table | None) -> None:
         driver._done = True
         driver.stop_reason = f"already complete: {driver.steps_done} of {driver.total_steps} steps"
     driver.prompts.consumed = list(state["consumed"])
+    driver.prompts.reissue_serial = int(state.get("reissue_serial", 0))
     driver.trained_before = int(state["trained_before"])
     for rows in reversed(state["reissue"]):
         driver.prompts.requeue(rows)
@@ -148,7 +155,7 @@ def commit_timed(driver, snap: Snapshot) -> bool:
         if not checkpoint.out_of_space(e):
             raise
         needed = driver.checkpoint_log[-1]["bytes"] if driver.checkpoint_log else 0
-        raise RunFailed(str(checkpoint.no_space(driver.ctrl.run_dir, snap.step, needed))) from None
+        raise RunFailed(str(checkpoint.no_space(driver.files_dir, snap.step, needed))) from None
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder) for f in fs)
     driver.checkpoints.append(folder)
     driver.checkpoint_log.append({"step": snap.step, "seconds": round(time.monotonic() - t0, 3), "bytes": size})

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from dora.graph.builtin_ops import ENGINE_COUNTERS, ENGINE_GAUGES
+from dora.graph.columns import SOURCE_PREFIX
 
 
 def step_record(*, step: int, version: int, sent: dict[str, Any], sm: dict[str, Any], ev: dict[str, Any],
@@ -21,7 +22,7 @@ def step_record(*, step: int, version: int, sent: dict[str, Any], sm: dict[str, 
     step_time = float(sm.get("step_time_s") or 0.0) or 1e-9
     lengths = sorted(sent["response_tokens"]) or [0]
     rec = {   # (key order is the order of metrics.jsonl's columns)
-        "step": step, "policy_version": version, "reward_mean": sent["reward_mean"],
+        "step": step, "policy_version": version, "reward_mean": sent["reward_mean"], **sent.get("sources", {}),
         "staleness_max": sm.get("staleness_max", 0), "staleness_mean": sm.get("staleness_mean", 0.0),
         "step_time_s": step_time, "rollout_only_s": sm.get("rollout_only_s", 0.0), "tokens": sent["tokens"],
         "tokens_per_s": sent["tokens"] / step_time, "trajectories": len(sent["uids"]),
@@ -45,6 +46,7 @@ def driver_step_record(d, step: int, version: int, sent: dict[str, Any], ev: dic
     sm = d.rc.step_metrics[-1].to_dict() if d.rc.step_metrics else {}
     counters = {"wire_rejected": d.ctrl.rejected(), "respawns": d.respawns,
                 "reissued_requests": d.prompts.reissued_requests, "trainer_restarts": d.restarts.count}
+    counters.update(d.row_failures.take_step())   # a judge's failures since the last step
     rec = step_record(step=step, version=version, sent=sent, sm=sm, ev=ev, wall_s=now, counters=counters,
                       weight_sync=d.weight_sync.get(version, (None, None)),
                       extra={**(d.elastic.step_metrics() if d.elastic is not None else {}),
@@ -59,9 +61,21 @@ def add_trainer_metrics(rec: dict[str, Any], metrics: dict[str, Any]) -> None:
         rec.setdefault(f"train/{k}" if k in rec else k, v)
 
 
+def source_means(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The batch mean of each reward source's column reward/<name> (a reward node's sources, a scorer's column)."""
+    names = sorted({k for r in rows for k in r if k.startswith(SOURCE_PREFIX)})
+    out = {}
+    for name in names:
+        values = [float(r[name]) for r in rows if r.get(name) is not None]
+        if values:
+            out[name] = sum(values) / len(values)
+    return out
+
+
 def batch_summary(uids: list[str], rows: list[dict[str, Any]], sent_at: float) -> dict[str, Any]:
     """What the driver remembers of a batch it sent to the trainer (for the step's record)."""
     rewards = [float(r["reward"]) for r in rows if r.get("reward") is not None]
     return {"uids": uids, "sent_at": sent_at, "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+            "sources": source_means(rows),
             "tokens": sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows),
             "response_tokens": [len(r["response_ids"]) for r in rows]}

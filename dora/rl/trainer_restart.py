@@ -54,7 +54,7 @@ def not_possible(d) -> str | None:
     """Why the trainer of RLDriver `d` cannot restart (None: it can)."""
     if d.run_cfg.max_restarts == 0:
         return "run.max_restarts is 0"
-    if d.ctrl is not None and (any(r.spare for r in d.ctrl.plan.replicas) or d.ctrl.plan.shared):
+    if d.ctrl is not None and (any(r.spare == d.roles.update for r in d.ctrl.plan.replicas) or d.ctrl.plan.shared):
         return "a trainer restart is not supported with async.elastic or devices shared by memory shares"
     if d.params[d.roles.update].get("weight_sync") == "broadcast":
         return "a trainer restart is not supported with weight_sync: broadcast (the generate replicas' group is gone)"
@@ -187,11 +187,11 @@ def _cut_files(d, step: int) -> None:
     run_dir = d.ctrl.run_dir
 
     def cut() -> list[dict[str, Any]]:
-        lineage.roll_back(run_dir, step, kind="restart")
+        lineage.roll_back(run_dir, step, kind="restart", policy=d.policy, files_dir=d.files_dir)
         return lineage.kept_records(run_dir)
 
     d.metrics.restart_at(cut)
-    for v, path in weights.list_versions(run_dir):
+    for v, path in weights.list_versions(d.files_dir):
         if v >= step:
             try:
                 os.remove(path)

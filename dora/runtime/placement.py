@@ -167,16 +167,18 @@ def gpu_shortfall(graph: Graph, inventory: Inventory) -> str | None:
     if need <= len(inventory.gpus):
         return None
     pools = ", ".join(f"{n} ({c})" for n, c in gpu_pools)
+    on_cpu = " ".join(f"pools.{n}.device=cpu" for n, _ in gpu_pools)
     return (f"gpu pools {pools} need {need} GPU(s); this machine has {len(inventory.gpus)} ({inventory.source}). "
             "Lower the pools' count, set CUDA_VISIBLE_DEVICES, or use --backend ray on a cluster "
-            "(--dry-run shows the plan without GPUs)")
+            f"(--dry-run shows the plan without GPUs). To try it on this machine's CPU, override: {on_cpu} "
+            "(a model sized for GPUs is slow there: smaller model.* and async.train_batch make it a smoke test)")
 
 
 def plan(graph: Graph, inventory: Inventory | None = None, sharded: set[str] | None = None,
-         spares: Spares | None = None) -> Plan:
+         spares: Spares | list[Spares] | None = None) -> Plan:
     """Where every replica runs. `inventory` defaults to Inventory.planned(graph); `sharded` (the
     nodes whose replicas form one process group) defaults to what the ops declare; `spares` adds
-    spare replicas on a host node's devices."""
+    spare replicas on a host node's devices (a list: several nodes' spares, each on its own host)."""
     inventory = inventory or Inventory.planned(graph)
     sharded = sharded_nodes(graph) if sharded is None else sharded
     pools = pools_of(graph, inventory.cpus)
@@ -219,7 +221,8 @@ def plan(graph: Graph, inventory: Inventory | None = None, sharded: set[str] | N
             env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
             out.append(ReplicaPlacement(name, r, pool.name, pool.device, slots, device, threads, env, gpus,
                                         groups.get(name, 0), memory=n.memory))
-    out += _spare_placements(graph, out, spares)
+    for one in [spares] if isinstance(spares, Spares) else spares or []:
+        out += _spare_placements(graph, out, one)
     p = Plan(pools, out, [], groups, inventory)
     for e in graph.edges:
         how = f"group_by {e.group_by}" if e.group_by else e.routing

@@ -88,8 +88,8 @@ class StartUp:
         c = self.c
         n, rp = c.graph.nodes[w.node], c.plan.get(w.node, w.replica)
         return {"kind": "config", "op": n.op, "params": c.resolved.params[w.node], "replicas": n.replicas,
-                "model": c.graph.model, "device": rp.device, "threads": rp.threads, "seed": c.seed,
-                "run_dir": c.run_dir, "async": c.resolved.async_.to_dict(), "hb_interval": c.hb_interval,
+                "model": c.graph.model_of(w.node), "device": rp.device, "threads": rp.threads, "seed": c.seed,
+                "run_dir": c.run_dir, "async": c.resolved.async_of(w.node).to_dict(), "hb_interval": c.hb_interval,
                 "restore": c.restores.pop(w.label, None),   # restored once: a respawned replica starts clean
                 "bind": w.endpoint, "hb_timeout": max(30.0, 4 * c.hb_timeout), "live_s": c.live_s,
                 "devices": rp.devices, "memory": rp.memory, "rendezvous": self._rendezvous_of(w)}

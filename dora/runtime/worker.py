@@ -196,7 +196,7 @@ class Worker:
                     self.source_iter = None
                     self.start_finish()
                 return True
-        else:
+        elif self.accepts_input():   # (an op that holds all it may reads nothing: back-pressure)
             got = self.inbox.recv()
             if isinstance(got, Delivery):
                 self.emit(self.watch.call("process", self.op.process, got.batch, got.port))
@@ -219,6 +219,11 @@ class Worker:
             did = True
         return did
 
+    def accepts_input(self) -> bool:
+        """Whether the op takes input now (Operator.accepts_input; an op without the method always does)."""
+        accepts = getattr(self.op, "accepts_input", None)
+        return self.op is not None and (accepts is None or bool(accepts()))
+
     def start_finish(self) -> None:
         if self.op.busy():  # a source may still have work in flight inside the op
             return
@@ -238,7 +243,7 @@ class Worker:
                         out_socks[s] = (o, i)
                         poller.register(s, zmq.POLLIN)
             waiting_on_credit = any(o.queue for o in self.outs)
-            want_input = self.state == "running" and not self.paused and not waiting_on_credit
+            want_input = self.state == "running" and not self.paused and not waiting_on_credit and self.accepts_input()
             poller.modify(self.inbox.sock, zmq.POLLIN if want_input and self.source_iter is None else 0)
             if not busy:
                 self.inbox.flush_credits()

@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--versions-per-instance", type=int, default=DEFAULT_VERSIONS, metavar="M",
                    help="policy versions one rollout instance may hold at once (async.versions_per_instance, "
                         f"default {DEFAULT_VERSIONS}); dora mode packs old versions' stragglers beside the newest")
+    p.add_argument("--policy", action="append", default=[], metavar="NAME:WORKLOAD:TBS",
+                   help="two or more: the policies share one rollout pool (dora/sim/two_policies.py); one row per "
+                        "--splits entry, each policy trained --steps steps in --modes' first mode")
+    p.add_argument("--splits", default="static,load", help="how the shared pool is split: static, load (or both)")
     p.add_argument("--json", default=None, metavar="FILE", help="write results as a JSON array")
     p.add_argument("--trace-out", default=None, metavar="FILE",
                    help="Chrome/Perfetto trace (one file per mode: FILE with .<mode> before the extension)")
@@ -150,6 +154,8 @@ def simulate_main(argv: list[str] | None = None) -> int:
     except (RolloutConfigError, WorkloadError) as e:
         print(f"dora simulate: error: {e}", file=sys.stderr)
         return 2
+    if a.policy:
+        return policies_main(a, configs[0])
     rows: list[dict[str, Any]] = []
     for c in configs:
         trace = TraceWriter(enabled=bool(a.trace_out or a.out))
@@ -195,6 +201,35 @@ def simulate_main(argv: list[str] | None = None) -> int:
         except OSError as e:
             print(f"dora simulate: error: cannot write {a.json}: {e.strerror}", file=sys.stderr)
             return 2
+    return 0
+
+
+def policies_main(a: argparse.Namespace, cfg: SimConfig) -> int:
+    """Several policies on one shared pool, one row per split (dora/sim/two_policies.py)."""
+    from .policy_split import SPLITS
+    from .two_policies import SimPolicy, simulate_policies
+    try:
+        policies = [SimPolicy.parse(x) for x in a.policy]
+        for p in policies:
+            get_workload(p.workload, None)
+        splits = [x.strip() for x in a.splits.split(",") if x.strip()]
+        if not splits or set(splits) - set(SPLITS):
+            raise ValueError(f"--splits {a.splits!r}: expected a subset of {','.join(SPLITS)}")
+        rows = [simulate_policies(cfg, policies, s) for s in splits]
+    except (ValueError, WorkloadError) as e:
+        print(f"dora simulate: error: {e}", file=sys.stderr)
+        return 2
+    except SimulationError as e:
+        print(f"dora simulate: failed: {e}", file=sys.stderr)
+        return 1
+    for r in rows:
+        per = "  ".join(f"{u}: step {q['step_time_s']:.0f} s, {q['tokens_per_s']:,.0f} tok/s, done at {q['finished_s']:.0f} s, "
+                        f"{q['instances_held']:.1f} instances, C1-C3 {q['c1_violations']}/{q['c2_violations']}/"
+                        f"{q['c3_violations']}" for u, q in r["policies"].items())
+        print(f"{r['split']:>6}: all done at {r['makespan_s']:,.0f} s, {r['instances_moved']} instances moved  |  {per}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
     return 0
 
 

@@ -47,7 +47,8 @@ const fmt = v => esc(JSON.stringify(v));
 function showNode(name){
   const n = D.nodes[name];
   let h = '<h2>' + esc(name) + '</h2><div class="sub">op <b>' + esc(n.op) + '</b>' +
-    (n.pool ? ' &middot; pool <b>' + esc(n.pool) + '</b>' : '') + ' &middot; ' + esc(n.scale) + '</div>';
+    (n.pool ? ' &middot; pool <b>' + esc(n.pool) + '</b>' : '') + (n.policy ? ' &middot; policy <b>' + esc(n.policy) + '</b>' : '') +
+    ' &middot; ' + esc(n.scale) + '</div>';
   h += '<table>';
   for (const [k, v] of Object.entries(n.params)) h += '<tr><td class="k">' + esc(k) + '</td><td>' + fmt(v) + '</td></tr>';
   for (const [k, v] of Object.entries(n.defaults)) h += '<tr class="default"><td class="k">' + esc(k) + '</td><td>' + fmt(v) + ' (default)</td></tr>';
@@ -84,7 +85,7 @@ if (m && D.nodes[decodeURIComponent(m[1])]) showNode(decodeURIComponent(m[1]));
 def _data(view: View) -> dict:
     return {
         "name": view.name,
-        "nodes": {n: {"op": v.op, "pool": v.pool, "replicas": v.replicas, "scale": v.scale, "params": v.params,
+        "nodes": {n: {"op": v.op, "pool": v.pool, "policy": v.policy, "replicas": v.replicas, "scale": v.scale, "params": v.params,
                       "defaults": v.defaults, "adds": list(v.adds)} for n, v in view.nodes.items()},
         "edges": [{"src": e.src, "dst": e.dst, "dst_port": e.dst_port, "columns": list(e.columns),
                    "group_by": e.group_by, "label": e.label} for e in view.edges],

@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 from dora.graph.model import Graph
+from dora.graph.policy_roles import find_policies, is_multi_policy, node_policies
 from dora.graph.printing import scale_text
 from dora.graph.schema import propagate, resolve_all
 
@@ -39,11 +40,13 @@ class NodeView:
     defaults: dict[str, Any]        # the op's defaults not overridden
     adds: tuple[str, ...]
     scale: str = "x1"               # dora.graph.printing.scale_text: replicas, ranks, devices each
+    policy: str | None = None       # a graph of several policies: the update node of this node's
 
     @property
     def subtitle(self) -> str:
         times = "\u00d7"
-        return self.op if self.scale == "x1" else f"{self.op} {times}{self.scale[1:]}"
+        text = self.op if self.scale == "x1" else f"{self.op} {times}{self.scale[1:]}"
+        return f"{text} \u00b7 {self.policy}" if self.policy and self.policy != self.name else text
 
 
 @dataclasses.dataclass
@@ -86,6 +89,7 @@ def build_view(g: Graph) -> View:
     specs, _ = resolve_all(g)
     sch = propagate(g, specs)
     colours = {p: PALETTE[i % len(PALETTE)] for i, p in enumerate(g.pools)}
+    policy_of = node_policies(g, find_policies(g, specs)) if is_multi_policy(specs) else {}
     nodes: dict[str, NodeView] = {}
     for n, node in g.nodes.items():
         fill, stroke = colours.get(node.pool, NO_POOL) if node.pool else NO_POOL
@@ -95,7 +99,7 @@ def build_view(g: Graph) -> View:
         replicas = node.replicas if isinstance(node.replicas, int) else 1
         devices = node.devices if isinstance(node.devices, int) else 1
         nodes[n] = NodeView(n, str(node.op), node.pool, replicas, fill, stroke, dict(params), defaults, sch.added(n),
-                            scale_text(dataclasses.replace(node, replicas=replicas, devices=devices)))
+                            scale_text(dataclasses.replace(node, replicas=replicas, devices=devices)), policy_of.get(n))
     edges = []
     for e in g.edges:
         if e.src not in g.nodes:

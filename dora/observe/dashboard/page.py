@@ -167,7 +167,7 @@ function drawTimeline(s) {
   const svg = svgEl('svg', {width: W, height: H, viewBox: '0 0 ' + W + ' ' + H, 'font-size': 10.5});
   tl.rows.forEach((row, i) => {
     const y = top + i * RH;
-    svg.appendChild(svgEl('text', {x: L - 8, y: y + 15, 'text-anchor': 'end', fill: '#333'}, row.name));
+    svg.appendChild(svgEl('text', {x: L - 8, y: y + 15, 'text-anchor': 'end', fill: '#333'}, row.policy ? row.policy + ': ' + row.name : row.name));
     svg.appendChild(svgEl('rect', {x: L, y: y + 3, width: W - L - R, height: RH - 6, fill: '#f4f4f1'}));
     for (const [a, b, v] of row.segments) {
       const x = X(a), w = Math.max(1, X(b) - x);
@@ -215,7 +215,7 @@ const CURVES = [
   ['prompt tokens', [['prefill_tokens', 'prefilled'], ['prefix_hit_tokens', 'prefix hits']]],
   ['KV blocks', [['kv_blocks_used', 'used'], ['kv_blocks_free', 'free']]],
 ];
-const LINE_COLOURS = ['#3f6fa8', '#c8741f'];
+const LINE_COLOURS = ['#3f6fa8', '#c8741f', '#3c8d4f', '#9b4d9b', '#b03a3a', '#5f6b7a'];
 
 function drawCurves(s) {
   const box = $('curves');
@@ -228,11 +228,14 @@ function drawCurves(s) {
     });
   }
   const steps = s.steps;
-  CURVES.forEach(([title, series], i) => {
+  // a run of several policies: one line per policy and series (each policy's own steps)
+  const policies = [...new Set(steps.map(p => p.policy).filter(p => p))];
+  CURVES.forEach(([title, plain], i) => {
+    const series = policies.length ? policies.flatMap(u => plain.map(([k, label]) => [k, u + ' ' + label, u])) : plain;
     const W = 300, H = 150, L = 44, R = 8, T = 18, B = 20;
     const svg = svgEl('svg', {width: '100%%', height: H, viewBox: '0 0 ' + W + ' ' + H, 'font-size': 10, 'data-curve': series[0][0]});
     svg.appendChild(svgEl('text', {x: L, y: 12, 'font-weight': 600, fill: '#333'}, title));
-    const pts = series.map(([k]) => steps.filter(p => p[k] !== null && p[k] !== undefined && isFinite(p[k])).map(p => [p.step, p[k]]));
+    const pts = series.map(([k, , u]) => steps.filter(p => (!u || p.policy === u) && p[k] !== null && p[k] !== undefined && isFinite(p[k])).map(p => [p.step, p[k]]));
     const all = pts.flat();
     if (!all.length) {
       svg.appendChild(svgEl('text', {x: W / 2, y: H / 2, 'text-anchor': 'middle', fill: '#999'}, 'no data'));
@@ -249,10 +252,12 @@ function drawCurves(s) {
       svg.appendChild(svgEl('text', {x: W - R, y: H - 5, 'text-anchor': 'end', fill: '#777'}, 'step ' + x1));
       pts.forEach((p, j) => {
         if (!p.length) return;
+        const colour = LINE_COLOURS[(policies.length ? policies.indexOf(series[j][2]) : j) %% LINE_COLOURS.length];
+        const dashed = policies.length ? j %% plain.length : j;
         svg.appendChild(svgEl('polyline', {'class': 'curve', points: p.map(q => X(q[0]).toFixed(1) + ',' + Y(q[1]).toFixed(1)).join(' '),
-          fill: 'none', stroke: LINE_COLOURS[j], 'stroke-width': 1.6, 'stroke-dasharray': j ? '4 3' : ''}));
+          fill: 'none', stroke: colour, 'stroke-width': 1.6, 'stroke-dasharray': dashed ? '4 3' : ''}));
         const last = p[p.length - 1];
-        svg.appendChild(svgEl('text', {x: W - R, y: T + 12 * j, 'text-anchor': 'end', fill: LINE_COLOURS[j]}, series[j][1] + ' ' + num(last[1])));
+        svg.appendChild(svgEl('text', {x: W - R, y: T + 12 * j, 'text-anchor': 'end', fill: colour}, series[j][1] + ' ' + num(last[1])));
       });
     }
     const holder = $('chart-' + i);

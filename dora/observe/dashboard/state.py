@@ -17,6 +17,8 @@ kept in RUN_DIR/state.json, so the live page and `dora dashboard RUN_DIR` read t
      "steps":    [{step, policy_version, reward_mean, tokens_per_s, staleness_max, staleness_mean,
                    step_time_s, rollout_only_s, rollout_only_share, versions_live, wall_s, turns_mean,
                    tool_wait_s, prefill_tokens, prefix_hit_tokens, kv_blocks_used, kv_blocks_free}]}
+A run of several policies (dora/graph/policies.py) adds `policy` to each step (its keys unprefixed)
+and to each timeline row: the page draws a curve per policy and labels the rows.
 
 Everything comes from the run's own state: the workers' live counters (out edges, op
 live_stats) riding on their heartbeats, the controller's view of each worker, the rollout
@@ -46,13 +48,18 @@ STEP_KEYS = ("step", "policy_version", "reward_mean", "tokens_per_s", "staleness
 
 
 def steps_section(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The curves' data from metrics.jsonl records (rollout_only_share = rollout_only_s / step_time_s)."""
+    """The curves' data from metrics.jsonl records (rollout_only_share = rollout_only_s / step_time_s).
+    A run of several policies: each step of each policy, its keys unprefixed and `policy` naming it."""
     if len(records) > MAX_STEPS:
         stride = len(records) / MAX_STEPS
         records = [records[int(i * stride)] for i in range(MAX_STEPS - 1)] + [records[-1]]
     out = []
     for r in records:
-        s = {k: r.get(k) for k in STEP_KEYS}
+        policy = r.get("policy")
+        if isinstance(policy, str):
+            r = {"policy": policy, "step": r.get("step"), **{k[len(policy) + 1:]: v for k, v in r.items()
+                                                            if k.startswith(f"{policy}/")}}
+        s = {k: r.get(k) for k in STEP_KEYS + (("policy",) if isinstance(policy, str) else ())}
         st, ro = r.get("step_time_s"), r.get("rollout_only_s")
         s["rollout_only_share"] = ro / st if isinstance(st, (int, float)) and st > 0 and isinstance(ro, (int, float)) else None
         out.append(s)
@@ -217,8 +224,8 @@ class RunState:
                 e.update(batches=tot[0], rows=tot[1], bytes=tot[2], batches_per_s=round(rate[0], 3),
                          rows_per_s=round(rate[1], 2), mb_per_s=round(rate[2] / 1e6, 4), queued=queued,
                          window=edge.capacity * g.nodes[edge.src].replicas)
-            else:
-                d = self.driver
+            else:   # (a run of several policies: the driver of the policy whose trainer publishes on it)
+                d = (getattr(self.driver, "drivers", None) or {}).get(fe["src"], self.driver)
                 published = sorted(getattr(d, "weight_paths", {}) or {})
                 sync = getattr(d, "weight_sync", {}) or {}
                 last = published[-1] if published else None
@@ -252,15 +259,25 @@ class RunState:
         return out
 
     def _timeline(self) -> dict[str, Any]:
+        """The version timeline of the generate replicas: in a run of several policies, every policy's
+        replicas, each row naming its policy (versions are per policy)."""
         d = self.driver
-        rc = getattr(d, "rc", None)
         if d is None:
             return {"now": 0.0, "rows": [], "versions": []}
         self.timeline.feed(d.trace.events)
-        instances = rc.manager.instances if rc is not None else {}
-        names = list(instances) or [f"{d.roles.generate}[{r}]" for r in range(self.graph.nodes[d.roles.generate].replicas)]
-        hosting = {n: i.version for n, i in instances.items()} if instances else {n: 0 for n in names}
-        return self.timeline.section(names, d.clock.now(), hosting)
+        names, hosting, policy = [], {}, {}
+        for u, one in (getattr(d, "drivers", None) or {None: d}).items():
+            rc = getattr(one, "rc", None)
+            instances = rc.manager.instances if rc is not None else {}
+            mine = list(instances) or [f"{one.roles.generate}[{r}]" for r in range(self.graph.nodes[one.roles.generate].replicas)]
+            hosting.update({n: i.version for n, i in instances.items()} if instances else {n: 0 for n in mine})
+            names += mine
+            policy.update({n: u for n in mine})
+        section = self.timeline.section(names, d.clock.now(), hosting)
+        if any(policy.values()):
+            for row in section["rows"]:
+                row["policy"] = policy.get(row["name"])
+        return section
 
 
 def _state(w: Any, op: dict[str, Any], failure: Any, now: float, live_s: float) -> str:

@@ -4,6 +4,8 @@ A task is a module-level object with
     name: str
     make(size: int, seed: int, **params) -> list[dict]   # rows with at least "prompt" and "answer"
     score(response_text: str, answer: str) -> float      # reward in [0, 1]
+    propose(response_text, source_prompt, **params) -> {prompt, answer}   # optional: a trajectory of
+                                                         # another policy as a problem (dora/ops/to_prompts.py)
 The dataset op uses `make` for source "synthetic:NAME"; the reward op's fn "synthetic" calls
 `score` of the task named in each row's `task` column ("synthetic:NAME").
 """
@@ -14,6 +16,7 @@ import importlib
 
 TASKS = {
     "quickstart": "dora.ops.tasks.quickstart:TASK",
+    "quickstart_propose": "dora.ops.tasks.quickstart:PROPOSE",
     "arithmetic": "dora.ops.tasks.arithmetic:TASK",
     "tool_arithmetic": "dora.ops.tasks.tool_arithmetic:TASK",
 }

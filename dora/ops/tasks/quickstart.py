@@ -52,6 +52,14 @@ class Quickstart:
             rows.append({"prompt": f"{n}*{sym}", "answer": sym * n})
         return rows
 
+    def propose(self, response_text: str, source_prompt: str, max_count: int = 120) -> dict:
+        """A challenger's proposal as a problem (dora/ops/to_prompts.py): the symbol its prompt asked for
+        (`?c`, quickstart_propose; else `a`), the count = its response's length (1..max_count). Total:
+        every text is a problem, and the proposer sets its difficulty by how long it writes."""
+        sym = source_prompt[-1] if source_prompt.startswith("?") and len(source_prompt) == 2 else "a"
+        n = max(1, min(max_count, len(response_text)))
+        return {"prompt": f"{n}*{sym}", "answer": sym * n}
+
     def score(self, response_text: str, answer: str) -> float:
         n, length = len(answer), len(response_text)
         if n == 0:
@@ -64,3 +72,28 @@ class Quickstart:
 
 
 TASK = Quickstart()
+
+
+class QuickstartPropose:
+    """The challenger's side of the quickstart task (pipelines/challenger_solver.yaml): prompt `?c`
+    asks for a quickstart problem with symbol c; the proposal is written as a run of c whose length is
+    the count (Quickstart.propose). Its own score is how well-formed the run is (the share of its
+    characters equal to c); a challenger is rewarded by the frontier op on the solver's answers instead."""
+
+    name = "quickstart_propose"
+
+    def make(self, size: int, seed: int, symbols: str = "ad") -> list[dict]:
+        if not symbols:
+            raise ValueError("quickstart_propose: symbols must name at least one symbol")
+        rng = random.Random(seed)
+        rows = []
+        for _ in range(size):
+            sym = rng.choice(symbols)
+            rows.append({"prompt": f"?{sym}", "answer": sym})
+        return rows
+
+    def score(self, response_text: str, answer: str) -> float:
+        return response_text.count(answer[:1]) / len(response_text) if response_text and answer else 0.0
+
+
+PROPOSE = QuickstartPropose()

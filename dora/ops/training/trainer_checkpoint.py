@@ -15,17 +15,19 @@ TRAINER_STATE = "trainer_state.pt"   # in a checkpoint folder: step, version, RN
 
 
 def save(sharded, optimizer, tokenizer, folder: str, *, step: int, version: int, ranks: int, precision: str,
-         leader: bool) -> None:
+         leader: bool, with_optimizer: bool = True, dtype: str = "training") -> None:
+    """with_optimizer, dtype: what the run keeps (run.save_optimizer, run.save_dtype)."""
     pretrained.save_training_checkpoint(sharded, optimizer, tokenizer, folder,
-                                        {"step": step, "version": version, "ranks": ranks, "precision": precision})
+                                        {"step": step, "version": version, "ranks": ranks, "precision": precision},
+                                        with_optimizer=with_optimizer, dtype=dtype)
     if leader:
         torch.save({"step": step, "version": version, "rng": torch.get_rng_state()}, os.path.join(folder, TRAINER_STATE))
 
 
 def restore(sharded, optimizer, folder: str) -> dict[str, Any]:
     """Load a checkpoint written by `save` (any rank count: DCP reshards) and the RNG state;
-    returns {"step", "version"}."""
-    pretrained.load_training_checkpoint(sharded, optimizer, folder)
+    returns {"step", "version", "optimizer": whether it held the optimizer state}."""
+    with_optimizer = pretrained.load_training_checkpoint(sharded, optimizer, folder)
     state = torch.load(os.path.join(folder, TRAINER_STATE), weights_only=True)
     torch.set_rng_state(state["rng"])
-    return {"step": int(state["step"]), "version": int(state["version"])}
+    return {"step": int(state["step"]), "version": int(state["version"]), "optimizer": with_optimizer}

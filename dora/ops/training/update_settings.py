@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from dora.algos import losses, off_policy
 
 
@@ -20,15 +18,15 @@ def loss_params(p: dict[str, Any]) -> dict[str, Any]:
 
 def off_policy_of(spec: Any) -> tuple[str, dict[str, Any]]:
     """(name, params) of the `off_policy` param {name: ..., <that correction's params>}; ValueError
-    naming what is wrong, after a dry run on one token (so a bad value fails at validate)."""
+    naming what is wrong: the name, a param the correction does not take, a value its rules refuse
+    (checked without tensors: dora validate runs this and imports no torch)."""
     names = ", ".join(off_policy.OFF_POLICY.names())
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise ValueError(f"off_policy must be a mapping {{name: <{names}>, <its params>}}, got {spec!r}")
     name, params = spec["name"], {k: v for k, v in spec.items() if k != "name"}
     try:
-        one = torch.zeros(1, 1)
-        off_policy.compute(name, prox_logprobs=one, behavior_logprobs=one, mask=torch.ones(1, 1), **params)
-    except (ValueError, TypeError, KeyError) as e:
+        off_policy.OFF_POLICY.check_params(name, params)
+    except (ValueError, TypeError) as e:
         raise ValueError(f"off_policy: {str(e).strip(chr(39))}") from None
     return name, params
 

@@ -48,7 +48,8 @@ class Dispatcher:
         for req, st in self.parked:
             hosts = [n for n in m.holders(st.version) if n not in m.lent]
             if not hosts:
-                empty = [n for n, i in m.instances.items() if n not in m.lent and not m.on_instance[n]]
+                # (an instance this pass already chose holds requests once they are placed: not empty)
+                empty = [n for n, i in m.instances.items() if n not in m.lent and not m.on_instance[n] and n not in per]
                 if not empty:
                     left.append((req, st))
                     continue

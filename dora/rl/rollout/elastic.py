@@ -44,13 +44,14 @@ class Lending:
                     break
                 d.migrate(n, m.requests_of(n, v)[-excess:], room)
 
-    def reclaim(self) -> dict[str, tuple[int, int]]:
-        """Empty every lent instance and take it out of the pool: name -> (requests, KV bytes) moved."""
+    def reclaim(self, names: Sequence[str] | None = None) -> dict[str, tuple[int, int]]:
+        """Empty every lent instance (or those named) and take it out of the pool: name -> (requests,
+        KV bytes) moved."""
         c, m, d = self.c, self.c.manager, self.c.dispatch
         out: dict[str, tuple[int, int]] = {}
         lost: list = []
         now = c.clock.now()
-        for name in sorted(m.lent):
+        for name in sorted(m.lent if names is None else set(names) & set(m.lent)):
             inst = m.instances[name]
             uids = list(m.on_instance[name])
             moved = kv = 0

@@ -11,7 +11,7 @@ RolloutInstance protocol. The driver (simulator or real runtime) calls:
     c.on_published(version, lend=())        # new weights can be loaded by rollout instances
     c.on_dropped(uids, reason)              # a filter dropped these groups (e.g. DAPO dynamic sampling)
     c.tick()                                # periodically (every few seconds)
-    c.lend(instances) / c.reclaim()         # elastic: trainer devices serve rollout while it waits
+    c.lend(instances) / c.reclaim([names])  # elastic: trainer devices serve rollout while it waits
     summary = c.finish()                    # end of run: accounting of every dispatched uid
 
 The parts, one role each: RolloutManager (where every request is), TransferQueue (finished
@@ -233,10 +233,10 @@ class RolloutController:
         self.lending.lend(instances)
         self._dispatch()
 
-    def reclaim(self) -> dict[str, tuple[int, int]]:
-        """Elastic: empty the lent instances (requests move with their KV) and drop them from the
-        pool. Returns name -> (requests moved, KV bytes moved)."""
-        out = self.lending.reclaim()
+    def reclaim(self, names: Sequence[str] | None = None) -> dict[str, tuple[int, int]]:
+        """Elastic: empty the lent instances (or those named; requests move with their KV) and drop
+        them from the pool. Returns name -> (requests moved, KV bytes moved)."""
+        out = self.lending.reclaim(names)
         self._dispatch()
         return out
 

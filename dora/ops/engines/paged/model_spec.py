@@ -77,10 +77,10 @@ def config_problem(cfg: Any) -> str | None:
 def engine_problem(model: Any) -> str | None:
     """Why the torch engine cannot run a model, given a transformers config or a pipeline's `model:`
     section (dict); None when it can, or when the section is bad in a way model_problems reports."""
-    if isinstance(model, dict):
-        from dora.ops.models import ModelConfigError, policy_hf_config
+    if isinstance(model, dict):   # read without transformers: dora validate runs this
+        from dora.ops.model_section import ModelConfigError, model_shape
         try:
-            model = policy_hf_config(model)
+            model = model_shape(model)
         except (ModelConfigError, OSError, ValueError):
             return None
         if model is None:
