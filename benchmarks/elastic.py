@@ -17,25 +17,17 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUN_TIMEOUT_S = 1800
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from real_runs import dora_run  # noqa: E402
 
 
 def run(out: str, mode: str, elastic: bool, steps: int, seed: int, extra: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "dora.cli", "run", os.path.join(ROOT, "pipelines", "quickstart.yaml"),
-           f"async.mode={mode}", f"async.elastic={'true' if elastic else 'false'}", f"nodes.train.params.steps={steps}",
-           f"run.seed={seed}", *extra, "--out", out, "--quiet"]
-    p = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
-                       timeout=RUN_TIMEOUT_S)
-    with open(os.path.join(out, "summary.json")) as fh:
-        s = json.load(fh)
-    if p.returncode != 0 or not s.get("ok"):
-        raise SystemExit(f"run {mode} elastic={elastic} seed {seed} failed (exit {p.returncode}): {s.get('error')}\n{p.stdout[-2000:]}")
-    return s
+    return dora_run(out, "quickstart.yaml", [f"async.mode={mode}", f"async.elastic={'true' if elastic else 'false'}",
+                                             f"nodes.train.params.steps={steps}", f"run.seed={seed}", *extra],
+                    f"{mode} elastic={elastic} seed {seed}")
 
 
 def main() -> None:

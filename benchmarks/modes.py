@@ -2,7 +2,7 @@
 
     python benchmarks/modes.py run --out DIR [--pipelines pipelines/quickstart.yaml,pipelines/grpo.yaml]
         [--modes sync,one_step_off,partial:1,dora:1,dora:2] [--corrections default|tis,m2po,...]
-        [--seeds 0,1,2,3] [--steps 80] [k=v ...]
+        [--seeds 0,1,2,3] [--steps 80] [--variants "-;k=v k=v"] [k=v ...]
     python benchmarks/modes.py report --out DIR [same filters] [--png curves.png] [--md table.md]
 
 `run` appends one line per finished run to DIR/runs.jsonl and skips every run already there, so a
@@ -21,6 +21,15 @@ The report, per pipeline, mode and correction (means over seeds, with the per-se
   paired gap              last-20 reward minus sync's, seed by seed, mean ± standard error
 and staleness, the importance-weight statistics, C1 violations and re-prefilled tokens. --png draws
 reward vs step and vs wall time, mean and seed band per mode.
+
+Held-out evaluation (the pipelines' `eval:` sets, RUN_DIR/eval.jsonl), per pipeline, mode and set:
+  at equal steps          pass@1 and mean reward of the last version evaluated (the run's final one),
+                          mean ± std over seeds, and the paired gap to sync ± its standard error
+  at equal time           the same for the newest version evaluated that was published by the time
+                          the fastest run of the pipeline ended
+  trainer tok/s           summary.json tokens_per_s (trained tokens over the trainer's step time):
+                          --variants "-;eval=null run.keep_best=null" runs each run with and without
+                          its evaluation, seed by seed, so the two show what evaluation costs the trainer
 """
 
 from __future__ import annotations
@@ -57,17 +66,20 @@ def run_key(pipeline: str, mode: str, correction: str, seed: int, steps: int, ov
 
 
 def plan(a) -> list[dict]:
-    """Seed-major: every mode's run of seed s comes before any run of seed s+1, so a machine whose
-    load drifts over a long sweep slows every mode alike instead of the modes that ran last."""
+    """Seed-major: every mode's (and variant's) run of seed s comes before any run of seed s+1, so a
+    machine whose load drifts over a long sweep slows every mode alike instead of the modes that ran
+    last."""
     runs = []
     for seed in a.seeds:
         for pipeline in a.pipelines:
             for mode in a.modes:
                 name, _ = parse_mode(mode)
                 for correction in (["default"] if name == "sync" else a.corrections):
-                    runs.append({"pipeline": pipeline, "mode": mode, "correction": correction, "seed": seed,
-                                 "steps": a.steps, "overrides": a.overrides,
-                                 "key": run_key(pipeline, mode, correction, seed, a.steps, a.overrides)})
+                    for variant in a.variants:
+                        ov = a.overrides + variant
+                        runs.append({"pipeline": pipeline, "mode": mode, "correction": correction, "seed": seed,
+                                     "steps": a.steps, "overrides": ov,
+                                     "key": run_key(pipeline, mode, correction, seed, a.steps, ov)})
     return runs
 
 
@@ -85,7 +97,7 @@ def run_one(r: dict, out_root: str) -> dict:
     run_dir = os.path.join(out_root, "runs", r["key"].replace("|", "_").replace(" ", "_").replace("/", "-"))
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
-    code = execute(graph, run_dir, seed=r["seed"], quiet=True)
+    code = execute(graph, run_dir, seed=r["seed"], quiet=True, hb_timeout=r.get("hb_timeout", 30.0))
     with open(os.path.join(run_dir, "summary.json")) as fh:
         summary = json.load(fh)
     per_step: dict[str, list] = {k: [] for k in PER_STEP}
@@ -96,13 +108,19 @@ def run_one(r: dict, out_root: str) -> dict:
                 per_step[k].append(m.get(k))
     shutil.rmtree(os.path.join(run_dir, "checkpoints"), ignore_errors=True)   # the disk fills otherwise
     acc = summary.get("accounting") or {}
+    evals = []
+    if os.path.exists(os.path.join(run_dir, "eval.jsonl")):
+        with open(os.path.join(run_dir, "eval.jsonl")) as fh:
+            evals = [{k: e.get(k) for k in ("set", "version", "pass@1", "mean_reward", "published_s", "seconds")}
+                     for e in map(json.loads, fh)]
     return {**{k: r[k] for k in ("key", "pipeline", "mode", "correction", "seed", "steps", "overrides")},
             "ok": code == 0 and len(per_step["reward_mean"]) == r["steps"], "error": summary.get("error"),
             "wall_s": summary.get("wall_s"), "tokens": summary.get("tokens"), "tokens_per_s": summary.get("tokens_per_s"),
             "staleness_max": summary.get("staleness_max"), "c1_violations": summary.get("c1_violations", 0),
             "c3_violations": summary.get("c3_violations", 0), "reprefill_tokens": summary.get("reprefill_tokens") or 0,
             "migrated_requests": summary.get("migrated_requests") or 0, "lost": acc.get("lost"),
-            "rollout_only_fraction": summary.get("rollout_only_fraction"), "per_step": per_step,
+            "rollout_only_fraction": summary.get("rollout_only_fraction"), "per_step": per_step, "evals": evals,
+            "eval_failed": len((summary.get("eval") or {}).get("failed") or []),
             "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
@@ -127,7 +145,7 @@ def cmd_run(a) -> int:
     for i, r in enumerate(todo, 1):
         print(f"[modes] {i}/{len(todo)} {r['key']} ...", file=sys.stderr, flush=True)
         for attempt in range(1 + a.retries):   # a loaded machine can miss the workers' start-up deadline
-            res = run_one(r, a.out)
+            res = run_one({**r, "hb_timeout": a.hb_timeout}, a.out)
             if res["ok"]:
                 break
             print(f"[modes]   attempt {attempt + 1} failed: {res['error']}", file=sys.stderr, flush=True)
@@ -152,27 +170,33 @@ def _reward_by_time(r: dict, t: float) -> tuple[float, int]:
 
 
 def _stats(xs: list[float]) -> dict:
-    return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0,
-            "min": min(xs), "max": max(xs), "by_seed": xs}
+    """Over the seeds that have a value (a run with no step by the equal-time point has none)."""
+    ok = [x for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]
+    if not ok:
+        return {"mean": float("nan"), "std": float("nan"), "min": float("nan"), "max": float("nan"), "by_seed": xs}
+    return {"mean": statistics.fmean(ok), "std": statistics.stdev(ok) if len(ok) > 1 else 0.0,
+            "min": min(ok), "max": max(ok), "by_seed": xs}
 
 
 def summarize(results: list[dict]) -> list[dict]:
     groups: dict[tuple, list[dict]] = {}
     for r in results:
         if r["ok"]:
-            groups.setdefault((os.path.basename(r["pipeline"]), r["mode"], r["correction"], r["steps"]), []).append(r)
+            key = (os.path.basename(r["pipeline"]), r["mode"], r["correction"], r["steps"], " ".join(r["overrides"]))
+            groups.setdefault(key, []).append(r)
     t_eq = {}
-    for (pipe, _, _, steps), runs in groups.items():
-        t_eq[(pipe, steps)] = min(t_eq.get((pipe, steps), math.inf), min(r["wall_s"] for r in runs))
+    for (pipe, _, _, steps, ov), runs in groups.items():
+        t_eq[(pipe, steps, ov)] = min(t_eq.get((pipe, steps, ov), math.inf), min(r["wall_s"] for r in runs))
     rows = []
-    for (pipe, mode, corr, steps), runs in sorted(groups.items()):
+    for (pipe, mode, corr, steps, ov), runs in sorted(groups.items()):
         runs.sort(key=lambda r: r["seed"])
-        at_t = [_reward_by_time(r, t_eq[(pipe, steps)]) for r in runs]
-        row = {"pipeline": pipe, "mode": mode, "correction": corr, "steps": steps, "seeds": [r["seed"] for r in runs],
+        at_t = [_reward_by_time(r, t_eq[(pipe, steps, ov)]) for r in runs]
+        row = {"pipeline": pipe, "mode": mode, "correction": corr, "steps": steps, "overrides": ov,
+               "seeds": [r["seed"] for r in runs],
                "reward_last": _stats([_mean_tail(r["per_step"]["reward_mean"], LAST) for r in runs]),
                "reward_first": _stats([statistics.fmean(r["per_step"]["reward_mean"][:FIRST]) for r in runs]),
                "reward_at_time": _stats([x for x, _ in at_t]), "steps_at_time": statistics.fmean(n for _, n in at_t),
-               "time_eq_s": t_eq[(pipe, steps)],
+               "time_eq_s": t_eq[(pipe, steps, ov)],
                "tokens_per_s": _stats([r["tokens_per_s"] for r in runs]), "wall_s": _stats([r["wall_s"] for r in runs]),
                "staleness_mean": statistics.fmean(_mean_tail(r["per_step"]["staleness_mean"], steps) for r in runs),
                "is_seq_ess": statistics.fmean(_mean_tail(r["per_step"]["is_seq_ess"], steps) for r in runs),
@@ -186,7 +210,7 @@ def summarize(results: list[dict]) -> list[dict]:
         rows.append(row)
     for row in rows:
         sync = next((s for s in rows if s["mode"] == "sync" and s["pipeline"] == row["pipeline"]
-                     and s["steps"] == row["steps"]), None)
+                     and s["steps"] == row["steps"] and s["overrides"] == row["overrides"]), None)
         row["x_sync"] = row["tokens_per_s"]["mean"] / sync["tokens_per_s"]["mean"] if sync else None
         row["gap_to_sync"] = row["reward_last"]["mean"] - sync["reward_last"]["mean"] if sync else None
         row["paired_gap"] = paired_gap(row, sync) if sync and row is not sync else None
@@ -207,7 +231,7 @@ def paired_gap(row: dict, sync: dict) -> dict | None:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| pipeline | mode | off_policy | seeds | reward last 20 (mean ± std; per seed) | vs sync | gain | "
+    head = ("| pipeline | mode | off_policy | overrides | seeds | reward last 20 (mean ± std; per seed) | vs sync | gain | "
             "paired gap ± se (seeds) | reward at equal time (s; steps) | tok/s (x sync) | wall s | stale | ESS | dropped | C1 | re-prefill |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -217,11 +241,78 @@ def table(rows: list[dict]) -> str:
         pg = r["paired_gap"]
         paired = "" if pg is None else f"{pg['mean']:+.3f} ± {pg['se']:.3f} ({pg['n']})"
         out.append(
-            f"| {r['pipeline'].removesuffix('.yaml')} | {r['mode']} | {r['correction']} | {len(r['seeds'])} "
+            f"| {r['pipeline'].removesuffix('.yaml')} | {r['mode']} | {r['correction']} | {r['overrides'] or '-'} | {len(r['seeds'])} "
             f"| {rl['mean']:.3f} ± {rl['std']:.3f}; {' / '.join(f'{x:.2f}' for x in rl['by_seed'])} | {gap} "
             f"| {r['gain']:+.3f} | {paired} | {rt['mean']:.3f} ± {rt['std']:.3f} ({r['time_eq_s']:.0f} s; {r['steps_at_time']:.0f}) "
             f"| {tps['mean']:,.0f} ({ratio}) | {r['wall_s']['mean']:.0f} | {r['staleness_mean']:.2f} "
             f"| {r['is_seq_ess']:.2f} | {r['is_dropped_frac']:.4f} | {r['c1_violations']} | {r['reprefill_tokens']} |")
+    return "\n".join(out)
+
+
+HELD_OUT = ("pass@1", "mean_reward")
+
+
+def _held_out_at(r: dict, name: str, t: float | None) -> dict | None:
+    """The run's evaluation on set `name` of its last version (t None), or of the newest version
+    published by wall time t."""
+    rows = sorted((e for e in r.get("evals") or [] if e["set"] == name), key=lambda e: e["version"])
+    if t is not None:
+        rows = [e for e in rows if e["published_s"] is not None and e["published_s"] <= t]
+    return rows[-1] if rows else None
+
+
+def held_out_rows(results: list[dict], rows: list[dict]) -> list[dict]:
+    """Per summarized row and held-out set: pass@1 / mean reward at equal steps and at equal time."""
+    out = []
+    for row in rows:
+        runs = sorted((r for r in results if r["ok"] and os.path.basename(r["pipeline"]) == row["pipeline"]
+                       and r["mode"] == row["mode"] and r["correction"] == row["correction"] and r["steps"] == row["steps"]
+                       and " ".join(r["overrides"]) == row["overrides"]), key=lambda r: r["seed"])
+        for name in sorted({e["set"] for r in runs for e in r.get("evals") or []}):
+            h = {"pipeline": row["pipeline"], "mode": row["mode"], "correction": row["correction"], "set": name,
+                 "overrides": row["overrides"], "tokens_per_s": row["tokens_per_s"], "steps": row["steps"],
+                 "time_eq_s": row["time_eq_s"]}
+            for when, t in (("equal_steps", None), ("equal_time", row["time_eq_s"])):
+                got = {r["seed"]: _held_out_at(r, name, t) for r in runs}
+                got = {s: e for s, e in got.items() if e is not None}
+                h[when] = {m: dict(zip(got, [e[m] for e in got.values()])) for m in HELD_OUT}
+                h[when]["version"] = statistics.fmean(e["version"] for e in got.values()) if got else None
+            out.append(h)
+    for h in out:
+        sync = next((s for s in out if s["mode"] == "sync" and s["pipeline"] == h["pipeline"] and s["set"] == h["set"]
+                     and s["overrides"] == h["overrides"] and s["steps"] == h["steps"]), None)
+        for when in ("equal_steps", "equal_time"):
+            for m in HELD_OUT:
+                mine, theirs = h[when][m], (sync[when][m] if sync is not None and sync is not h else {})
+                diffs = [mine[s] - theirs[s] for s in sorted(mine.keys() & theirs.keys())]
+                se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
+                h[when][f"{m}_gap"] = {"mean": statistics.fmean(diffs), "se": se, "n": len(diffs)} if diffs else None
+    return out
+
+
+def held_out_table(hs: list[dict]) -> str:
+    def cell(d: dict) -> str:
+        xs = list(d.values())
+        if not xs:
+            return "-"
+        return f"{statistics.fmean(xs):.3f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.3f}"
+
+    def gap(g: dict | None) -> str:
+        return "" if g is None else f"{g['mean']:+.3f} ± {g['se']:.3f}"
+
+    head = ("| pipeline | mode | set | overrides | seeds | pass@1, equal steps (version) | paired gap | "
+            "mean reward, equal steps | paired gap | pass@1, equal time (s; version) | paired gap | "
+            "mean reward, equal time | paired gap | trainer tok/s |")
+    out = [head, "|" + "---|" * (head.count("|") - 1)]
+    for h in hs:
+        st, tm = h["equal_steps"], h["equal_time"]
+        n = len(st["pass@1"])
+        v = lambda x: "-" if x is None else f"{x:.0f}"   # noqa: E731
+        out.append(f"| {h['pipeline'].removesuffix('.yaml')} | {h['mode']} | {h['set']} | {h['overrides'] or '-'} | {n} "
+                   f"| {cell(st['pass@1'])} ({v(st['version'])}) | {gap(st['pass@1_gap'])} | {cell(st['mean_reward'])} "
+                   f"| {gap(st['mean_reward_gap'])} | {cell(tm['pass@1'])} ({h['time_eq_s']:.0f} s; {v(tm['version'])}) "
+                   f"| {gap(tm['pass@1_gap'])} | {cell(tm['mean_reward'])} | {gap(tm['mean_reward_gap'])} "
+                   f"| {h['tokens_per_s']['mean']:,.0f} |")
     return "\n".join(out)
 
 
@@ -272,6 +363,9 @@ def cmd_report(a) -> int:
         print(f"modes.py: no finished runs in {a.out}/runs.jsonl match the filters", file=sys.stderr)
         return 2
     text = table(rows)
+    hs = held_out_rows(results, rows)
+    if hs:
+        text += "\n\nHeld-out evaluation (eval.jsonl):\n\n" + held_out_table(hs)
     print(text)
     for r in failed:
         print(f"FAILED run {r['key']}: {r['error']}")
@@ -280,7 +374,7 @@ def cmd_report(a) -> int:
             fh.write(text + "\n")
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+            json.dump({"rows": rows, "held_out": hs}, fh, indent=1)
     if a.png:
         plot(results, rows, a.png)
     return 0
@@ -296,11 +390,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0,1,2,3")
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--retries", type=int, default=1, help="run a failed run again at once, this many times")
+    p.add_argument("--hb-timeout", type=float, default=30.0, help="dora run --hb-timeout for every run (a crowded "
+                   "machine can starve a worker's heartbeat thread)")
     p.add_argument("--png", default=None)
     p.add_argument("--md", default=None)
     p.add_argument("--json", default=None)
+    p.add_argument("--variants", default="-", help="';'-separated sets of overrides, each run as its own variant "
+                   "of every run ('-': none), e.g. \"-;eval=null run.keep_best=null\" for with and without evaluation")
     p.add_argument("overrides", nargs="*", help="pipeline overrides k=v for every run")
     a = p.parse_intermixed_args(argv)   # overrides may follow the options
+    a.variants = [[] if v.strip() in ("", "-") else v.split() for v in a.variants.split(";")]
     split = lambda s: [x for x in s.split(",") if x]
     a.pipelines, a.modes, a.corrections = split(a.pipelines), split(a.modes), split(a.corrections)
     try:

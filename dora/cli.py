@@ -1,4 +1,4 @@
-"""The `dora` command: validate, draw and list pipelines; dispatch run, simulate, dashboard and plot.
+"""The `dora` command: validate, draw and list pipelines; dispatch run, simulate, dashboard, plot and eval.
 
 Exit codes: 0 ok, 1 failure, 2 bad input (config, graph, arguments). Bad input never
 ends in a traceback: it is reported as `file:line: error: ...` lines.
@@ -24,6 +24,7 @@ examples:
   dora run pipelines/quickstart.yaml --out runs/quickstart [--dashboard]
   dora dashboard runs/quickstart                     # the run's page again, on 127.0.0.1
   dora plot runs/a runs/b -o compare.png             # reward, tokens/s, staleness, versions live
+  dora eval runs/quickstart/checkpoints/step_40      # held-out sets, no training (or a pipeline's base model)
   dora simulate --help
 """
 
@@ -33,6 +34,7 @@ DISPATCH = {
     "simulate": ("dora.sim.simulate_cli", "simulate_main"),
     "dashboard": ("dora.observe.dashboard.read_run", "dashboard_main"),
     "plot": ("dora.observe.plot_runs", "plot_main"),
+    "eval": ("dora.rl.eval_cli", "eval_main"),
 }
 
 
@@ -166,7 +168,7 @@ def _param_line(ps) -> str:
 
 
 def cmd_ops(args: argparse.Namespace) -> int:
-    from dora.graph.model import AsyncConfig, RunConfig
+    from dora.graph.model import AsyncConfig, EvalSet, RunConfig
     from dora.graph.op_registry import builtin_ops
     from dora.graph.sections import section_specs
 
@@ -175,19 +177,23 @@ def cmd_ops(args: argparse.Namespace) -> int:
     ops = builtin_ops()
     # the model section's keys are declared beside the model code (named by string: cli sits above ops)
     sections = {"model": import_object("dora.ops.model_section:MODEL_KEYS"), "async": section_specs(AsyncConfig),
-                "run": section_specs(RunConfig)}
+                "run": section_specs(RunConfig), "eval": section_specs(EvalSet)}
     # generate's `tools` entries (named by string, as the OpSpecs name their checks: cli sits above ops)
     tools = {kind: import_object(path).settings for kind, path in import_object("dora.ops.tools.tool_registry:KINDS").items()}
+    reward_fns = {"code_exec": import_object("dora.ops.tools.code_exec:SETTINGS")}   # reward fns with declared params
     if args.json:
-        # one list: the ops, the pipeline sections ("section": true), the tool kinds ("tool": true)
+        # one list: the ops, the pipeline sections ("section": true), the tool kinds ("tool": true), the reward
+        # fns with declared params ("reward_fn": true)
         print(json.dumps([s.describe() for s in ops.values()]
                          + [{"name": k, "section": True, "params": [p.describe() for p in v.values()]}
                             for k, v in sections.items()]
                          + [{"name": k, "tool": True, "params": [p.describe() for p in v.values()]}
-                            for k, v in tools.items()], indent=2, default=str))
+                            for k, v in tools.items()]
+                         + [{"name": k, "reward_fn": True, "params": [p.describe() for p in v.values()]}
+                            for k, v in reward_fns.items()], indent=2, default=str))
         return 0
     if args.markdown:
-        print(ops_markdown(ops, sections, tools), end="")
+        print(ops_markdown(ops, sections, tools, reward_fns), end="")
         return 0
     for s in ops.values():
         print(f"{s.name}: {s.doc}")
@@ -209,12 +215,19 @@ def cmd_ops(args: argparse.Namespace) -> int:
             print(f"  check    {s.check}")
         print()
     for name, specs in sections.items():
-        print(f"{name}: (pipeline section)" + (" a tiny random model's keys, or path: DIR, or name: NAME" if name == "model" else ""))
+        extra = {"model": " a tiny random model's keys, or path: DIR, or name: NAME",
+                 "eval": " one mapping per held-out set: eval: {NAME: {...}}"}.get(name, "")
+        print(f"{name}: (pipeline section)" + extra)
         for ps in specs.values():
             print(f"  setting  {_param_line(ps)}")
         print()
     for kind, specs in tools.items():
         print(f"tool {kind}: (generate param tools: {{name: NAME, kind: {kind}, <settings>}})")
+        for ps in specs.values():
+            print(f"  setting  {_param_line(ps)}")
+        print()
+    for fn, specs in reward_fns.items():
+        print(f"reward fn {fn}: (reward params: {{fn: {fn}, params: {{<settings>}}}})")
         for ps in specs.values():
             print(f"  setting  {_param_line(ps)}")
         print()
@@ -230,7 +243,7 @@ def _md_rows(specs) -> list[str]:
     return rows
 
 
-def ops_markdown(ops, sections, tools) -> str:
+def ops_markdown(ops, sections, tools, reward_fns) -> str:
     """`dora ops --markdown`: docs/reference.md, from the declarations (tests/test_cli.py keeps it current)."""
     out = ["# Reference: pipeline sections, ops and tools", "",
            "Generated from the declarations by `dora ops --markdown > docs/reference.md`; do not edit by hand.", "",
@@ -248,6 +261,9 @@ def ops_markdown(ops, sections, tools) -> str:
     out += ["## Tools (generate's `tools: [{name, kind, <settings>}]`)", ""]
     for kind, specs in tools.items():
         out += [f"### `{kind}`", "", *_md_rows(specs), ""]
+    out += ["## Reward functions with settings (reward's `fn: NAME, params: {<settings>}`)", ""]
+    for fn, specs in reward_fns.items():
+        out += [f"### `{fn}`", "", *_md_rows(specs), ""]
     return "\n".join(out)
 
 

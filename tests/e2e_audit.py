@@ -22,13 +22,20 @@ PIPELINES = ROOT / "pipelines"
 SHORT = ["nodes.rollout.params.max_tokens=48", "nodes.rollout.params.max_batch=4"]
 
 
-def dora_run(out: Path, pipeline: str | Path, *overrides: str, deadline: float = 300.0) -> int:
-    """`dora run PIPELINE OVERRIDES --out OUT --quiet --deadline D`, in this process; the exit code."""
+# The shipped pipelines evaluate held-out sets; tests of other things run without them (the suite's
+# time), tests/test_eval.py and the slow quickstart test with them.
+NO_EVAL = ["eval=null", "run.keep_best=null"]
+
+
+def dora_run(out: Path, pipeline: str | Path, *overrides: str, deadline: float = 300.0, evaluate: bool = False) -> int:
+    """`dora run PIPELINE OVERRIDES --out OUT --quiet --deadline D`, in this process; the exit code.
+    Without `evaluate` the pipeline's held-out sets are left out (NO_EVAL)."""
     from dora.rl.launch import run_main
     path = Path(pipeline)
     if not path.is_absolute() and not path.exists():
         path = PIPELINES / path
-    return run_main([str(path), *overrides, "--out", str(out), "--quiet", "--deadline", str(deadline)])
+    extra = [] if evaluate else NO_EVAL
+    return run_main([str(path), *extra, *overrides, "--out", str(out), "--quiet", "--deadline", str(deadline)])
 
 
 class RunDir:
@@ -74,6 +81,20 @@ def check_metrics(run: RunDir, steps: int, train_batch: int) -> None:
         assert r["reward_mean"] is not None and 0.0 <= r["reward_mean"] <= 1.0
         assert r["tokens"] > 0 and r["tokens_per_s"] > 0 and r["step_time_s"] > 0
         assert r["loss"] is not None and math.isfinite(r["loss"]), f"step {r['step']}: loss {r['loss']}"
+        assert 0 <= r["fast_lane_requests"] <= r["migrated_requests"]
+    check_length_trace(run)
+
+
+def check_length_trace(run: RunDir) -> None:
+    """RUN_DIR/length_trace.jsonl: a line per step metrics.jsonl has, with the trajectories it trained
+    in whole groups (single-turn lengths add up to the step's tokens)."""
+    lines = [json.loads(x) for x in (run.path / "length_trace.jsonl").read_text().splitlines() if x.strip()]
+    assert [x["step"] for x in lines] == [r["step"] for r in run.metrics], run.describe()
+    for x, r in zip(lines, run.metrics):
+        assert sum(len(g["responses"]) for g in x["groups"]) == r["trajectories"]
+        assert len({len(g["responses"]) for g in x["groups"]}) == 1, "groups of different sizes"
+        if all(isinstance(n, int) for g in x["groups"] for n in g["responses"]):
+            assert sum(g["prompt_tokens"] * len(g["responses"]) + sum(g["responses"]) for g in x["groups"]) == r["tokens"]
 
 
 def check_accounting(run: RunDir, steps: int, train_batch: int) -> None:

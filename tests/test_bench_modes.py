@@ -13,7 +13,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import modes  # noqa: E402
 
 
-def fake_run(mode, seed, rewards, walls, tps, correction="default"):
+def fake_run(mode, seed, rewards, walls, tps, correction="default", held=()):
+    """`held`: (version, pass@1) of the run's held-out evaluations (published when that step ended)."""
     n = len(rewards)
     key = modes.run_key("pipelines/quickstart.yaml", mode, correction, seed, n, [])
     per_step = {k: [0.0] * n for k in modes.PER_STEP}
@@ -21,14 +22,18 @@ def fake_run(mode, seed, rewards, walls, tps, correction="default"):
     return {"key": key, "pipeline": "pipelines/quickstart.yaml", "mode": mode, "correction": correction, "seed": seed,
             "steps": n, "overrides": [], "ok": True, "error": None, "wall_s": walls[-1], "tokens": 1000,
             "tokens_per_s": tps, "staleness_max": 1, "c1_violations": 0, "c3_violations": 0, "reprefill_tokens": 0,
-            "migrated_requests": 0, "lost": 0, "rollout_only_fraction": 0.0, "per_step": per_step}
+            "migrated_requests": 0, "lost": 0, "rollout_only_fraction": 0.0, "per_step": per_step,
+            "evals": [{"set": "heldout", "version": v, "pass@1": p, "mean_reward": p, "published_s": ([0.0] + walls)[v],
+                       "seconds": 1.0} for v, p in held]}
 
 
 def test_report_compares_at_equal_steps_and_equal_time(tmp_path):
     n = 30
-    runs = [fake_run("sync", s, [0.1] * 10 + [0.5] * 20, [2.0 * (i + 1) for i in range(n)], 100.0) for s in (0, 1)]
+    held = lambda last: [(0, 0.0), (10, 0.2), (20, 0.3), (30, last)]   # noqa: E731
+    runs = [fake_run("sync", s, [0.1] * 10 + [0.5] * 20, [2.0 * (i + 1) for i in range(n)], 100.0, held=held(0.6))
+            for s in (0, 1)]
     # dora: finishes in half the time; reward 0.3 in its last 20 steps, 0.4 / 0.2 by seed
-    runs += [fake_run("dora:1", s, [0.1] * 10 + [r] * 20, [1.0 * (i + 1) for i in range(n)], 200.0)
+    runs += [fake_run("dora:1", s, [0.1] * 10 + [r] * 20, [1.0 * (i + 1) for i in range(n)], 200.0, held=held(r))
              for s, r in ((0, 0.4), (1, 0.2))]
     with open(tmp_path / "runs.jsonl", "w") as fh:
         for r in runs:
@@ -43,10 +48,19 @@ def test_report_compares_at_equal_steps_and_equal_time(tmp_path):
     assert rows["sync"]["time_eq_s"] == 30.0 and rows["sync"]["steps_at_time"] == 15
     assert rows["sync"]["reward_at_time"]["mean"] == pytest.approx(0.3)
     assert rows["dora:1"]["reward_at_time"]["mean"] == pytest.approx(0.3)
+    # held-out: at equal steps the last version evaluated (30); at equal time (30 s) sync had published
+    # version 15, so its newest evaluated version then is 10; dora had published all 30
+    hs = {h["mode"]: h for h in modes.held_out_rows(modes.load_results(str(tmp_path)), list(rows.values()))}
+    st, tm = (lambda mode: hs[mode]["equal_steps"]), (lambda mode: hs[mode]["equal_time"])
+    assert st("sync")["pass@1"] == {0: 0.6, 1: 0.6} and tm("sync")["pass@1"] == {0: 0.2, 1: 0.2}
+    assert st("dora:1")["pass@1"] == {0: 0.4, 1: 0.2} and tm("dora:1")["version"] == 30
+    assert st("dora:1")["pass@1_gap"]["mean"] == pytest.approx(-0.3)
+    assert tm("dora:1")["pass@1_gap"]["mean"] == pytest.approx(0.1)
     md, png = tmp_path / "t.md", tmp_path / "c.png"
     assert modes.main(["report", "--out", str(tmp_path), "--pipelines", "pipelines/quickstart.yaml", "--modes",
                        "sync,dora:1", "--seeds", "0,1", "--steps", "30", "--md", str(md), "--png", str(png)]) == 0
-    assert "| quickstart | dora:1 | default | 2 | 0.300 ± 0.141; 0.40 / 0.20 | -0.200 |" in md.read_text()
+    assert "| quickstart | dora:1 | default | - | 2 | 0.300 ± 0.141; 0.40 / 0.20 | -0.200 |" in md.read_text()
+    assert "| quickstart | dora:1 | heldout | - | 2 | 0.300 ± 0.141 (30) | -0.300 ± 0.100 |" in md.read_text()
     assert png.stat().st_size > 10_000
 
 

@@ -99,9 +99,10 @@ def test_ops(capsys):
     # the tool kinds generate's `tools` entries may name, with their settings
     tools = {o["name"]: {p["name"] for p in o["params"]} for o in ops if o.get("tool")}
     assert tools["python"] >= {"timeout_s", "cpu_s", "memory_mb"} and "top_k" in tools["search"]
-    # the pipeline's sections, every key with its default: model, async, run
+    # the pipeline's sections, every key with its default: model, async, run, eval (one held-out set's keys)
     sections = {o["name"]: {p["name"]: p["default"] for p in o["params"]} for o in ops if o.get("section")}
-    assert list(sections) == ["model", "async", "run"]
+    assert list(sections) == ["model", "async", "run", "eval"]
+    assert sections["eval"]["temperature"] == 0.0 and sections["run"]["keep_best"] is None
     assert sections["model"]["max_positions"] == 512 and {"path", "name", "arch"} <= set(sections["model"])
     assert sections["async"]["mode"] == "sync" and sections["run"]["save_optimizer"] == "last"
     assert "model: (pipeline section)" in out and "max_positions: int = 512" in out

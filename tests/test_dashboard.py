@@ -107,6 +107,7 @@ def test_simulate_out_writes_a_run_folder_per_mode(sim_run):
         s = load_state(str(d))
         assert KEYS <= set(s) and s["run"]["source"] == "simulate" and s["run"]["mode"] == mode
         assert [x["step"] for x in s["steps"]] == list(range(1, 7))
+        assert all(isinstance(x["fast_lane_requests"], int) for x in s["steps"])   # the curve's data
         trace = json.loads((d / "trace.json").read_text())
         rows = [r for r in s["timeline"]["rows"]]
         assert rows and rows == timeline_of_trace(trace, [r["name"] for r in rows])["rows"]

@@ -127,6 +127,6 @@ def test_the_dashboard_state_shows_the_judge_and_its_input_edge(judged_run):
     (edge,) = [e for e in state["edges"] if e["src"] == "rollout" and e["dst"] == "judge"]
     assert edge["rows"] >= STEPS * TBS and edge["window"] > 0 and "queued" in edge   # its queue against its credit window
     (out_edge,) = [e for e in state["edges"] if e["src"] == "judge"]
-    assert out_edge["rows"] > 0   # the judge's rows, rows/s live (its respawned process counted from 0)
+    assert out_edge["rows"] > 0   # the judge's rows, its killed process's last counts carried over to the respawned one
     judges = [r for r in state["replicas"] if r["node"] == "judge"]
     assert judges and all(r["pool"] == "judge" and r["op"] == "judge" for r in judges)

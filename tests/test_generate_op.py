@@ -172,3 +172,51 @@ def test_torch_engine_dtype_kv_budget_and_stats_reach_the_op():
     base = fill_params(resolve_op("generate"), {"weight_sync": "file", "dtype": "bfloat16", "kv_cache_gb": None})
     assert check_params({**base, "engine": "torch"}) == [] and check_params({**base, "engine": "vllm"}) == []
     assert check_params({**base, "engine": "vllm", "kv_cache_gb": 2.0})[0][0] == "kv_cache_gb"
+
+
+def eval_rows(n: int, version: int, temperature: float = 0.0) -> pa.RecordBatch:
+    """Held-out evaluation requests as the RL driver sends them (dora.ops.eval_data.eval_rows)."""
+    from dora.ops.eval_data import eval_rows as rows
+    s = {"samples": 1, "temperature": temperature, "top_p": 1.0, "max_tokens": 6}
+    prompts_ = [{"prompt": f"p{i}", "prompt_ids": [10 + i, 20, 30], "answer": str(i), "task": None} for i in range(n)]
+    return pa.RecordBatch.from_pylist(rows("h", s, prompts_, version))
+
+
+def test_evaluation_requests_are_reported_never_emitted_and_never_hold_up_a_load(tmp_path):
+    from dora.ops.weights.versions import save_version
+    op, events = make_op(0, temperature=1.0, max_tokens=12, max_batch=8)
+    op.process(eval_rows(3, 0), "prompts")
+    op.process(prompts(2), "prompts")
+    emitted = pa.Table.from_batches(run(op)).to_pylist()
+    assert sorted(r["uid"] for r in emitted) == ["u0", "u1"]                    # training rows only
+    got = [x for e in events if e["kind"] == "eval_finished" for x in e["samples"]]
+    assert sorted(x["uid"] for x in got) == [f"eval:h:v0:{i}-0" for i in range(3)]
+    assert all(x["token_versions"] == [0] and x["version"] == 0 and x["response_tokens"] <= 6 for x in got)
+    assert not any(u.startswith("eval:") for e in events if e["kind"] == "finished" for u in e["uids"])
+    again, again_events = make_op(0, temperature=1.0, max_tokens=12, max_batch=8)   # greedy: the same text
+    again.process(eval_rows(3, 0), "prompts")
+    run(again)
+    same = [x for e in again_events if e["kind"] == "eval_finished" for x in e["samples"]]
+    assert {x["uid"]: x["response_text"] for x in got} == {x["uid"]: x["response_text"] for x in same}
+    # a version this replica does not host: not started, reported
+    events.clear()
+    op.process(eval_rows(1, 7), "prompts")
+    assert events == [{"kind": "eval_aborted", "uids": ["eval:h:v7:0-0"], "reason": "version 7 not hosted"}]
+    # one weight slot (M = 1): a load aborts the older version's evaluation requests instead of failing
+    events.clear()
+    op.process(eval_rows(2, 0), "prompts")
+    op.poll()
+    path, _ = save_version({k: v.clone() for k, v in op.engine.weights().items()}, str(tmp_path), 1)
+    assert op.call("load_version", {"version": 1, "path": path})["version"] == 1
+    assert [e["kind"] for e in events] == ["eval_aborted"] and len(events[0]["uids"]) == 2
+    # two slots (M = 2): they decode on beside the new version, on their own weights
+    two, ev2 = GenerateOp(), []
+    two.setup(op_context("generate", {**PARAMS, "max_batch": 8}, node="gen", model=MODEL, seed=0, report=ev2.append,
+                         async_={"versions_per_instance": 2}))
+    two.process(eval_rows(2, 0), "prompts")
+    two.poll()
+    assert two.call("load_version", {"version": 1, "path": path})["hosted"] == [0, 1]
+    run(two)
+    done = [x for e in ev2 if e["kind"] == "eval_finished" for x in e["samples"]]
+    assert len(done) == 2 and all(x["token_versions"] == [0] for x in done)
+    assert not [e for e in ev2 if e["kind"] == "eval_aborted"]

@@ -17,7 +17,8 @@ MODEL = {"arch": "llama", "hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, 
 def build_quickstart() -> Pipeline:
     p = Pipeline("grpo-quickstart", model=MODEL, pools={"rollout": ("cpu", 2), "train": {"device": "cpu", "count": 1}},
                  async_={"mode": "sync", "max_staleness": 1, "rollout_batch": 96, "train_batch": 64},
-                 description="GRPO on a tiny random model and the synthetic quickstart task (CPU only)", run={"seed": 0})
+                 description="GRPO on a tiny random model and the synthetic quickstart task (CPU only)",
+                 run={"seed": 0, "keep_best": "eval/heldout/mean_reward"})
     prompts = p.node("prompts", "dataset", source="synthetic:quickstart", size=1024, group_size=4, batch_prompts=4, seed=0, epochs=0)
     rollout = p.node("rollout", "generate", pool="rollout", replicas=2, temperature=1.0, max_tokens=128, max_batch=32)
     reward = p.node("reward", "reward", fn="synthetic")
@@ -27,6 +28,7 @@ def build_quickstart() -> Pipeline:
     prompts >> rollout >> reward >> adv.scored.opts(group_by="group_id")
     adv.out >> train.batch
     train.weights >> rollout.weights
+    p.eval_set("heldout", source="synthetic:quickstart", size=64, every=10)
     return p
 
 

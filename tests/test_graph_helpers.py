@@ -126,6 +126,7 @@ def valid_graphs(draw) -> Graph:
                                                   {"max_turns": 3, "tools": [{"name": "search", "top_k": 2}],
                                                    "max_tokens": 16, "max_total_tokens": 64,
                                                    "observation_template": "<{observation}>"}]))},
+             "reward": {"sources": []},   # a list whose items the op checks (reward_sources.py): one fn here
              "advantage": {"estimator": "gae" if with_critic else draw(st.sampled_from(["grpo", "rloo"])),
                            "kl_coef": draw(st.sampled_from([0.0, 0.01])) if with_ref else 0.0},
              "update": {"kl_coef": draw(st.sampled_from([0.0, 0.05])) if with_ref else 0.0, "weight_sync": sync,

@@ -250,7 +250,7 @@ def test_async_settings_out_of_range_all_reported(tmp_path):
     text = BASE.replace("{mode: sync, max_staleness: 1, rollout_batch: 16, train_batch: 16}", "{mode: turbo, max_staleness: -1, rollout_batch: 16, train_batch: 0}")
     msgs = [d.format() for d in errors(tmp_path, text)]
     assert len(msgs) == 3, msgs
-    assert any("async.mode: unknown name 'turbo' (one of sync, one_step_off, partial, dora)" in m for m in msgs)
+    assert any("async.mode: unknown name 'turbo' (one of sync, one_step_off, partial, dora, partial_colocated, partial_inflight)" in m for m in msgs)
     assert any("async.train_batch must be >= 1, got 0" in m for m in msgs)
     assert any("async.max_staleness must be >= 0, got -1" in m for m in msgs)
 

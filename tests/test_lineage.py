@@ -23,7 +23,13 @@ def _dead_run(run_dir, loggers: list[str]) -> None:
     log = MetricsLog(str(run_dir), open_sinks(loggers, str(run_dir), "t", {}))
     for s in range(1, 6):
         log.write(_rec(s, 0.1 * s))   # the dead run's rewards: 0.1 .. 0.5
+        log.write_samples([{"kind": "train", "step": s, "response": "x"}])
+        if s % 2 == 0:                # held-out evaluations of versions 2 and 4
+            log.write_eval({"version": s, "step": s, "set": "h", "pass@1": 0.1 * s})
     log.close()
+    best = run_dir / "checkpoints" / "best"
+    best.mkdir(parents=True)
+    (best / "best.json").write_text(json.dumps({"metric": "eval/h/pass@1", "value": 0.4, "version": 4}))
     with open(run_dir / "trained.jsonl", "w") as f:
         for s in range(1, 6):
             f.write(json.dumps({"step": s, "version": s, "uids": [f"{s}-0", f"{s}-1"], "policy_versions": [s - 1] * 2}) + "\n")
@@ -43,11 +49,17 @@ def test_resume_cuts_the_ledgers_to_the_checkpoint_and_keeps_the_rest_for_audit(
     assert (seg / "checkpoints" / "step_5").is_dir() and not (tmp_path / "checkpoints" / "step_5").exists()
     assert json.loads((seg / "rolled_back.json").read_text()) == {k: v for k, v in report.items() if k != "folder"}
     assert report["metrics_rows"] == 2 and report["trained_rows"] == 3 and report["trained_trajectories"] == 4
+    # eval.jsonl and samples.jsonl keep one lineage too, and checkpoints/best of an abandoned version goes
+    assert [json.loads(x)["version"] for x in (tmp_path / "eval.jsonl").read_text().splitlines()] == [2]
+    assert [json.loads(x)["version"] for x in (seg / "eval.jsonl").read_text().splitlines()] == [4]
+    assert [json.loads(x)["step"] for x in (tmp_path / "samples.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert (seg / "checkpoints" / "best" / "best.json").is_file() and not (tmp_path / "checkpoints" / "best").exists()
     # the resumed run appends steps 4..; a second crash and resume gets a folder of its own
     log = MetricsLog(str(tmp_path), append=True, earlier=lineage.kept_records(str(tmp_path)))
     log.write(_rec(4, 0.9))
     log.close()
     assert [r["step"] for r in log.records] == [1, 2, 3, 4]                   # the summary is the lineage's
+    assert [e["version"] for e in log.evals] == [2]                           # (a resumed run does not redo it)
     assert lineage.roll_back(str(tmp_path), 3)["metrics_rows"] == 1
     assert (tmp_path / "rolled_back" / "resume_2" / "metrics.jsonl").is_file()
 

@@ -92,7 +92,8 @@ def test_a_run_logs_every_step_to_tensorboard_and_wandb(tmp_path, remove_shm_wei
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tests.wandb_records import history
     rc = dora_run(tmp_path, "quickstart.yaml", "run.loggers=[jsonl, tensorboard, wandb]", "async.mode=dora",
-                  "async.train_batch=16", "async.rollout_batch=24", "nodes.train.params.steps=3", *SHORT, deadline=240)
+                  "async.train_batch=16", "async.rollout_batch=24", "nodes.train.params.steps=3", *SHORT,
+                  "eval.heldout.every=1", "eval.heldout.size=8", deadline=240, evaluate=True)
     assert rc == 0
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3]
@@ -102,8 +103,19 @@ def test_a_run_logs_every_step_to_tensorboard_and_wandb(tmp_path, remove_shm_wei
     assert got == [(m["step"], pytest.approx(m["reward_mean"], rel=1e-6)) for m in metrics]
     assert [e.step for e in ea.Scalars("staleness_max")] == [1, 2, 3]
     rows = history(str(tmp_path))
-    assert [r["_step"] for r in rows] == [1, 2, 3]
-    assert [r["tokens_per_s"] for r in rows] == [pytest.approx(m["tokens_per_s"]) for m in metrics]
+    steps = [r for r in rows if "tokens_per_s" in r]
+    assert [r["_step"] for r in steps] == [1, 2, 3]
+    assert [r["tokens_per_s"] for r in steps] == [pytest.approx(m["tokens_per_s"]) for m in metrics]
+    # held-out evaluation in dora mode (idle slots): every version's line, the same numbers in both loggers
+    evals = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert sorted(e["version"] for e in evals) == [0, 1, 2, 3]
+    tb = {e.step: e.value for e in ea.Scalars("eval/heldout/mean_reward")}
+    assert tb == {e["version"]: pytest.approx(e["mean_reward"], rel=1e-6) for e in evals}
+    wb = {int(r["eval/version"]): r["eval/heldout/pass@1"] for r in rows if "eval/version" in r}
+    assert wb == {e["version"]: pytest.approx(e["pass@1"]) for e in evals}
+    # samples.jsonl's rows as one W&B table (a history row names it by nested keys: samples/_type, ...)
+    table = [r for r in rows if "samples/_type" in r]
+    assert len(table) == 1 and table[0]["samples/_type"] == "table-file" and table[0]["samples/nrows"] > 0
 
 
 def test_wandb_project_entity_name_come_from_the_pipeline_then_the_environment():

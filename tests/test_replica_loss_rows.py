@@ -51,7 +51,7 @@ class FakeControl:
 def _driver(mode: str) -> tuple[RLDriver, FakeControl]:
     g = load_graph(os.path.join(ROOT, "pipelines", "quickstart.yaml"),
                    [f"async.mode={mode}", "async.max_staleness=2", "async.train_batch=8", "async.rollout_batch=8",
-                    "nodes.prompts.params.group_size=4"])
+                    "nodes.prompts.params.group_size=4", "eval=null", "run.keep_best=null"])
     r = resolve(g)
     d = RLDriver(r, RLRoles.find(g, r.op_of), metrics=None, progress=SimpleNamespace(status=lambda msg: None))
     ctrl = FakeControl(g.nodes[d.roles.generate].replicas)

@@ -31,10 +31,19 @@ class FakeInstance:
         self.name, self.version, self.slots = name, None, slots
         self.reqs: dict[str, dict] = {}
         self.imported_with_kv = 0
+        self.eval_aborted: list[str] = []
 
     def load_version(self, v):
+        self.abort_evals()   # (the generate op's rule: evaluation requests never hold up a load)
         assert not self.reqs, f"{self.name}: load_version with requests inside"
         self.version = v
+
+    def abort_evals(self):
+        """Held-out evaluation requests leave (reported back, as the generate op's eval_aborted)."""
+        gone = [u for u in self.reqs if u.startswith("eval:")]
+        for u in gone:
+            del self.reqs[u]
+        self.eval_aborted += gone
 
     def hosted(self):
         """Its current version and the versions of the requests on it."""
@@ -63,7 +72,13 @@ class FakeInstance:
             r = Request(st.uid, st.group_id, st.version, st.prompt_tokens, st.payload)
             self.reqs[st.uid] = {"r": r, "done": st.tokens_done, "target": st.payload, "versions": set(st.token_versions)}
 
+    def load_version_in_flight(self, v):
+        for s in self.reqs.values():       # keeps going, its next tokens on v (partial_inflight)
+            s["r"].version = v
+        self.version = v
+
     def interrupt_all(self):
+        self.abort_evals()
         out = self.export(list(self.reqs))
         for s in out:
             s.has_kv = False
@@ -100,10 +115,43 @@ def make_prompts(g, rng):
     return take, counter
 
 
-def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3, elastic=0, versions=1, make=FakeInstance):
+class Evals:
+    """Held-out evaluations as the RL driver runs them (dora/rl/evaluation.py): 6 requests for every
+    `every`-th version, added before the mode hears of the version; the older ones then due."""
+
+    def __init__(self, c, every, rng, sync):
+        self.c, self.every, self.rng, self.sync = c, every, rng, sync
+        self.added: dict[str, int] = {}
+        self.finished: collections.Counter = collections.Counter()
+
+    def publish(self, version):
+        if self.every and version % self.every == 0:
+            self.c.evals.make_due(version - 1)
+            reqs = [Request(f"eval:s:v{version}:{i}-0", f"eval:s:v{version}:{i}", version, 10,
+                            self.rng.choice([5, 20, 60])) for i in range(6)]
+            self.added.update({r.uid: version for r in reqs})
+            self.c.evals.add(version, reqs, due=self.sync)
+
+    def split(self, fin):
+        """Training completions; the evaluation ones go to EvalWork."""
+        ev = [f.uid for f in fin if f.uid.startswith("eval:")]
+        self.finished.update(ev)
+        self.c.evals.finished(ev)
+        return [f for f in fin if not f.uid.startswith("eval:")]
+
+    def aborted(self, insts):
+        for i in insts:
+            if i.eval_aborted:
+                self.c.evals.aborted(i.eval_aborted)
+                i.eval_aborted = []
+
+
+def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3, elastic=0, versions=1, make=FakeInstance,
+              evals_every=0):
     """`elastic`: that many extra instances are lent while the trainer waits and reclaimed (their
     requests moved off) once its batch is ready. `versions`: versions_per_instance, with instances
-    built by `make`."""
+    built by `make`. `evals_every`: held-out evaluations of every N-th version, finished after the
+    last step (c.held_out: what was added and finished)."""
     rng = random.Random(seed)
     clock = Clock()
     insts = [make(f"i{j}") for j in range(n_inst)]
@@ -113,6 +161,8 @@ def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3, elastic=0, versi
     cfg = RolloutConfig(mode=mode, train_batch=tbs, group_size=g, max_staleness=k, rebalance_period_s=1.0,
                         versions_per_instance=versions)
     c = RolloutController(cfg, insts, take, clock)
+    ev = c.held_out = Evals(c, evals_every, rng, mode == "sync")
+    ev.publish(0)
     c.start()
     trained: list[str] = []
     batches = []
@@ -125,9 +175,10 @@ def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3, elastic=0, versi
             break
         clock.t += rng.uniform(0.1, 2.0)
         inst = rng.choice(insts + (spare if lent else []))
-        fin = inst.progress(rng)
+        fin = ev.split(inst.progress(rng))
         if fin:
             c.on_finished(inst.name, fin)
+        ev.aborted(insts + spare)
         if rng.random() < 0.3:
             c.tick()
         if rng.random() < 0.1:
@@ -153,6 +204,7 @@ def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3, elastic=0, versi
             training = None
             publish_at = clock.t + rng.uniform(0, 3)
         if publish_at is not None and clock.t >= publish_at:
+            ev.publish(version)
             c.on_published(version)
             publish_at = None
         # the window: nothing untrained is older than the next step can still take
@@ -164,11 +216,24 @@ def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3, elastic=0, versi
             assert len(i.hosted()) <= versions, f"{i.name} hosts {sorted(i.hosted())}"
             assert all(i.holds(s["r"].version) for s in i.reqs.values())
     assert len(batches) >= steps, f"{mode}: only {len(batches)} steps (stuck?)"
+    if evals_every:   # training is over: the evaluations still out become due and finish
+        c.evals.make_due()
+        c.manager.exhausted = True
+        for _ in range(20000):
+            if not c.evals.busy():
+                break
+            inst = rng.choice(insts)
+            fin = ev.split(inst.progress(rng))
+            c.on_finished(inst.name, fin)
+            ev.aborted(insts)
+            c.tick()
+        assert not c.evals.busy(), f"{mode}: evaluations left {c.evals.versions()}"
     return c, batches, trained, counter[0] * g, insts + spare
 
 
-@pytest.mark.parametrize("mode", ["sync", "one_step_off", "partial", "dora"])
-@pytest.mark.parametrize("seed, elastic", [(0, 0), (1, 0), (2, 0), (3, 2), (4, 3)])
+@pytest.mark.parametrize("mode, seed, elastic", [
+    (m, s, e) for m in ("sync", "one_step_off", "partial", "dora") for s, e in [(0, 0), (1, 0), (2, 0), (3, 2), (4, 3)]]
+    + [(m, s, e) for m in ("partial_colocated", "partial_inflight") for s, e in [(0, 0), (3, 2)]])
 def test_invariants_under_chaos(mode, seed, elastic):
     c, batches, trained, dispatched_n, insts = run_chaos(mode, seed, elastic=elastic)
     k = c.cfg.max_staleness
@@ -187,17 +252,35 @@ def test_invariants_under_chaos(mode, seed, elastic):
     assert s["lost"] == 0 and s["c2_violations"] == 0 and s["c3_violations"] == 0
     assert s["dispatched"] == dispatched_n
     assert s["trained"] + s["finished_untrained"] + s["in_flight_at_end"] + s["in_training_at_end"] == dispatched_n
-    in_flight = sum(len(i.reqs) for i in insts) + c.dispatch.held()
+    in_flight = sum(len(i.reqs) for i in insts) + c.dispatch.held() + c.policy.held()
     assert in_flight == s["in_flight_at_end"]
     c1 = sum(m.c1_violations for m in c.step_metrics)
-    if mode == "partial":
-        assert c1 > 0 and s["reprefill_tokens"] > 0, "partial must break C1 (and re-prefill) at publishes"
+    if mode.startswith("partial"):
+        assert c1 > 0, f"{mode} must break C1 at publishes"
+        # partial and partial_colocated resume under the new weights with a re-prefill; partial_inflight keeps the KV
+        assert (s["reprefill_tokens"] > 0) == (mode != "partial_inflight"), s["reprefill_tokens"]
     else:
         assert c1 == 0 and s["c1_violations"] == 0
     if mode == "sync":
         assert all(m.staleness_max == 0 for m in c.step_metrics)
     if mode == "one_step_off":
         assert all(m.staleness_max <= 1 for m in c.step_metrics)
+
+
+@pytest.mark.parametrize("mode", ["sync", "one_step_off", "partial", "dora"])
+def test_held_out_evaluations_finish_on_their_version_outside_the_books(mode):
+    """Evaluation requests fill what training leaves, on instances of their own version (the fake's
+    submit asserts it), are aborted by loads and placed again, and all finish; the training books
+    hold none of them and their invariants are those of a run without evaluation."""
+    c, batches, trained, dispatched_n, insts = run_chaos(mode, 11, steps=16, evals_every=4, versions=1)
+    ev = c.held_out
+    assert set(ev.finished) == set(ev.added) and len(ev.added) == 6 * 4   # versions 0, 4, 8, 12
+    assert max(ev.finished.values()) == 1, "an evaluation request finished twice"
+    s = c.finish()
+    assert s["lost"] == 0 and s["dispatched"] == dispatched_n and s["c2_violations"] == 0
+    assert s["trained"] + s["finished_untrained"] + s["in_flight_at_end"] + s["in_training_at_end"] == dispatched_n
+    assert not any(u.startswith("eval:") for u in trained)
+    assert all(len(b) == c.cfg.train_batch for _, b in batches)
 
 
 def test_dora_chaos_migrates_and_runs_several_versions():
@@ -487,3 +570,30 @@ def test_a_lost_instance_drops_its_groups_whole_and_a_restored_batch_trains(mode
                               [FakeInstance("j0")], lambda n: [], clock, initial_version=5)
     fresh.restore_finished([Trajectory(f"r{g}.{j}", f"r{g}", 5, 10, 20, (5,), clock.t) for g in range(2) for j in range(4)])
     assert fresh.trainer_ready() and {t.uid for t in fresh.take_batch()} == {f"r{g}.{j}" for g in range(2) for j in range(4)}
+
+
+@pytest.mark.parametrize("publish_first", [True, False])
+def test_partial_colocated_stops_rollout_while_the_trainer_steps(publish_first):
+    """The training barrier: the take interrupts every request (tokens kept) and nothing runs until
+    the step is over and its weights are published, in either order (a run's trainer publishes
+    before it reports its step, the simulator's after); then all resume under the new version."""
+    rng, clock = random.Random(0), Clock()
+    insts = [FakeInstance(f"i{j}", slots=4) for j in range(2)]
+    c = RolloutController(RolloutConfig(mode="partial_colocated", train_batch=8, group_size=4, max_staleness=2),
+                          insts, make_prompts(4, rng)[0], clock)
+    c.start()
+    while not c.trainer_ready():
+        clock.t += 1
+        for i in insts:
+            c.on_finished(i.name, i.progress(rng))
+    batch = c.take_batch()
+    paused = c.policy.held()
+    assert paused and not any(i.reqs for i in insts), "rollout still holds requests while the trainer steps"
+    c.tick()
+    assert not any(i.reqs for i in insts), "dispatched while the trainer steps"
+    events = [lambda: c.on_published(1), lambda: c.on_trained(0, 1, [t.uid for t in batch])]
+    events[0 if publish_first else 1]()
+    assert not any(i.reqs for i in insts)
+    events[1 if publish_first else 0]()
+    assert c.policy.held() == 0 and sum(len(i.reqs) for i in insts) >= paused
+    assert all(i.version == 1 for i in insts) and all(s["r"].version == 1 for i in insts for s in i.reqs.values())

@@ -23,7 +23,7 @@ from tests.runtime_graphs import alive
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = ["nodes.rollout.params.max_tokens=24", "nodes.rollout.params.max_batch=8", "async.train_batch=16",
-         "async.rollout_batch=16", "nodes.prompts.params.batch_prompts=4"]
+         "async.rollout_batch=16", "nodes.prompts.params.batch_prompts=4", "eval=null", "run.keep_best=null"]
 pytestmark = pytest.mark.chaos
 
 

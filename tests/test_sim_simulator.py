@@ -24,15 +24,24 @@ def small(mode, **kw):
     return SimConfig(**base)
 
 
-@pytest.mark.parametrize("mode", ["sync", "one_step_off", "partial", "dora"])
+@pytest.mark.parametrize("mode", ["sync", "one_step_off", "partial", "dora", "partial_colocated", "partial_inflight"])
 def test_modes_keep_their_invariants(mode):
-    r = simulate(small(mode))
+    """With held-out evaluations placed as a run places them (dora/sim/sim_evals.py): they finish
+    beside training and the training invariants are untouched (a colocated mode that trains while
+    rollout generates fails the run)."""
+    evals = mode != "partial_colocated"   # (not built: its training barrier does not stop evaluations yet)
+    r = simulate(small(mode, **({"eval_every": 3, "eval_prompts": 16} if evals else {})))
+    assert r.get("eval_requests", 0) >= (4 * 16 if evals else 0)
+    # (the partial modes load every version at its publish: an evaluation longer than a step waits for the end)
+    assert r.get("eval_versions_done", 0) >= (0 if mode.startswith("partial") else 3), r
     assert r["lost"] == 0 and r["c2_violations"] == 0 and r["c3_violations"] == 0
     assert r["trajectories_trained"] == 12 * 64
     k = {"sync": 0, "one_step_off": 1}.get(mode, 3)
     assert r["staleness_max"] <= k
-    if mode == "partial":
-        assert r["c1_violations"] > 0 and r["reprefill_tokens"] > 0
+    assert r["colocated"] == (mode in ("sync", "partial_colocated"))
+    if mode.startswith("partial"):
+        assert r["c1_violations"] > 0
+        assert (r["reprefill_tokens"] > 0) == (mode != "partial_inflight")   # PipelineRL keeps the stale KV
     else:
         assert r["c1_violations"] == 0 and r["reprefill_tokens"] == 0
     for s in r["per_step"]:
@@ -283,3 +292,17 @@ def test_every_shipped_workload_runs_with_its_invariants(name):
     r = simulate(small("dora", workload=name, steps=4, kv_tokens=400000))
     assert r["lost"] == 0 and r["c1_violations"] == r["c2_violations"] == r["c3_violations"] == 0
     assert r["trajectories_trained"] == 4 * 64
+
+
+def test_offloaded_preemptions_keep_their_kv_in_host_memory():
+    """SimConfig.kv_offload: a preempted request's KV goes to host memory and comes back (kv_import_s)
+    instead of being recomputed on readmission (re-prefill); nothing is lost either way."""
+    engines = {}
+    for offload in (False, True):
+        r = simulate(small("dora", steps=3, kv_tokens=12000, kv_offload=offload),
+                     observer=lambda c, t, inst, o=offload: engines.__setitem__(o, inst))
+        assert r["preemptions"] > 0 and r["lost"] == r["c1_violations"] == 0
+        assert r["trajectories_trained"] == 3 * 64
+    recompute, offload = engines[False], engines[True]
+    assert sum(i.reprefill_tokens for i in recompute) > 0 and sum(i.reprefill_tokens for i in offload) == 0
+    assert sum(i.kv_import_s for i in offload) > sum(i.kv_import_s for i in recompute)

@@ -9,6 +9,7 @@
     prompts >> rollout >> reward >> adv.scored.opts(group_by="group_id")
     adv >> train
     train.weights >> rollout.weights          # the weights edge
+    p.eval_set("heldout", source="synthetic:quickstart", size=64, every=10)   # a held-out set
     p.to_yaml(); p.graph; p.validate()
 
 `a >> b` joins a's output port `out` to b's only input port; `a.out >> b.port` names them.
@@ -25,7 +26,7 @@ import sys
 from typing import Any
 
 from dora.graph.diagnostics import Diagnostic
-from dora.graph.model import AsyncConfig, Edge, Graph, Node, Pool, RunConfig, SourceLoc, WeightsEdge
+from dora.graph.model import AsyncConfig, Edge, EvalSet, Graph, Node, Pool, RunConfig, SourceLoc, WeightsEdge
 from dora.graph.op_registry import resolve_op
 from dora.graph.opspec import OpError, did_you_mean
 from dora.graph.sections import section_specs
@@ -207,6 +208,11 @@ class Pipeline:
                                       model=_plain(dict(model)) if model is not None else None, loc=loc)
         self.graph.locs[f"nodes.{name}"] = loc
         return NodeRef(self, name)
+
+    def eval_set(self, name: str, **settings: Any) -> EvalSet:
+        """A held-out set of the `eval:` section (settings as in YAML: source=, size=, every=, ...)."""
+        self.graph.evals[name] = EvalSet(**_plain(settings))
+        return self.graph.evals[name]
 
     def connect(self, src: str, src_port: str, dst: str, dst_port: str, **options: Any) -> Edge:
         loc = caller_loc()

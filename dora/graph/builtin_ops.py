@@ -54,6 +54,8 @@ DATASET = OpSpec(
         P("on_error", "str", "fail", "a row that cannot be used (malformed, or over max_prompt_tokens): fail the "
           "run naming file:line (exit 2), or skip it (skipped rows are counted in summary.json "
           "accounting.dataset_skipped_rows)", choices=("fail", "skip")),
+        P("holdout", "float", 0.0, "share of the source's distinct prompts kept out of training, chosen by a hash of "
+          "the prompt text (held-out sets with split: holdout evaluate on exactly those)", min=0, max=0.9),
     ),
     impl="dora.ops.dataset:DatasetOp",
 )
@@ -97,6 +99,7 @@ GENERATE = OpSpec(
     ),
     impl="dora.ops.generate:GenerateOp",
     check="dora.ops.generate_settings:check_params",
+    host_check="dora.ops.tools.sandbox_check:generate_host_problems",
     is_generate=True,
     devices_check="dora.ops.generate_settings:devices_problem",
     when=(When("max_turns", (1,), adds=MULTITURN_COLUMNS, negate=True),),
@@ -108,7 +111,7 @@ REWARD = OpSpec(
     inputs=(PortSpec("trajectories", ("response_text", "answer")),),
     adds=("reward",),
     params=_params(
-        P("fn", "str", "synthetic", "synthetic, math_verify, reasoning_gym, format, or pkg.module:function "
+        P("fn", "str", "synthetic", "synthetic, math_verify, reasoning_gym, format, code_exec, or pkg.module:function "
           "fn(response_text, answer, row, **params) -> float, sync or async (docs/reward_functions.md)",
           names_from="dora.ops.reward:fn_problem"),
         P("on_error", "str", "fail", "what a failing reward function does", choices=("fail", "zero")),
@@ -120,6 +123,7 @@ REWARD = OpSpec(
     check="dora.ops.reward:check_params",
     columns="dora.ops.reward_sources:reward_columns",
     when=(When("fn", ("reasoning_gym",), needs=("task",)),),
+    host_check="dora.ops.tools.sandbox_check:reward_host_problems",
 )
 
 # The output column of a model that scores (reward_model, judge): `reward`, or reward/<name> for a reward

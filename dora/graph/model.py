@@ -12,6 +12,9 @@ from typing import Any
 from dora.graph.opspec import setting
 from dora.graph.sections import MODES_FROM
 
+SOURCE_CHECK = "dora.ops.dataset:source_problem"   # a data source -> problem | None (also the dataset op's)
+REWARD_CHECK = "dora.ops.reward:fn_problem"         # a reward fn name -> problem | None (also the reward op's)
+
 ROUTINGS = ("round_robin", "least_loaded")  # plus "hash:COLUMN"
 
 
@@ -107,6 +110,10 @@ class AsyncConfig:
                                          "the newest version's; every hosted copy's weights come out of the KV "
                                          "cache); 1 = one version per instance. Engines that cannot host several "
                                          "(vllm) run with 1", min=1)
+    fast_lanes: int = setting(-1, "dora mode: at most this many rollout instances at a time serve as fast lanes, "
+                              "where an old version's stragglers that could miss their deadline decode in small "
+                              "batches (moved with their KV); -1 = as many as the measurements call for, 0 = none. "
+                              "Must leave at least one generate replica for the newest version", min=-1)
     policies: dict = setting({}, "per-policy settings of a graph with several update nodes: {UPDATE_NODE: {mode, "
                              "max_staleness, rollout_batch, train_batch, versions_per_instance}}, each over the "
                              "settings above (the shared default)")
@@ -138,6 +145,49 @@ class RunConfig:
     save_dtype: str = setting("training", "the dtype of a checkpoint's weights: training (the trainer's fp32 master "
                               "weights, an exact resume) or bfloat16 (half the bytes; a resume loads them rounded)",
                               choices=("training", "bfloat16"))
+    keep_best: str | None = setting(None, "keep the best checkpoint by a held-out metric, eval/<set>/<metric> (as in "
+                                    "eval.jsonl: mean_reward, pass@1, pass@k, maj@k; lower is better for "
+                                    "mean_response_tokens and truncated_share): RUN_DIR/checkpoints/best, beside the newest")
+    samples_per_step: int = setting(4, "trajectories of each training step written to RUN_DIR/samples.jsonl (prompt, "
+                                    "response, reward, version, finish reason); 0 = none", min=0)
+    loc: SourceLoc = dataclasses.field(default_factory=SourceLoc, compare=False)
+
+
+@dataclasses.dataclass
+class EvalSet:
+    """One held-out set of the `eval:` section (`eval: {NAME: {source: ..., ...}}`), as written.
+    dora.graph.eval_check checks it and derives what is left null from the pipeline's nodes."""
+
+    source: str | None = setting(None, "the set's prompts: synthetic:NAME, reasoning_gym:NAME, or a .jsonl/.parquet "
+                                 "file (verl rows), as the dataset op reads them", names_from=SOURCE_CHECK)
+    size: int = setting(100, "prompts in the set, drawn as the dataset op draws them (a file: its first rows; 0 = "
+                        "every row of a file)", min=0)
+    seed: int | None = setting(None, "generation seed of a synthetic or reasoning-gym source (null: the training "
+                               "dataset's seed + 1 on its own source, else 0)", min=0)
+    split: str = setting("all", "all: every prompt of the source; holdout: only the prompts the training dataset "
+                         "holds out (its `holdout` share, chosen by a hash of the prompt text)",
+                         choices=("all", "holdout"))
+    task_params: dict | None = setting(None, "task generator arguments (null: the training dataset's on its own "
+                                       "source, else none)")
+    chat_template: str | None = setting(None, "chat template (null: the training dataset's)")
+    reward: str | None = setting(None, "reward function, as the reward op's fn (null: the pipeline's reward node's, "
+                                 "with its params and on_error)", names_from=REWARD_CHECK)
+    reward_params: dict = setting({}, "extra arguments for the set's reward function (with `reward`)")
+    on_error: str | None = setting(None, "a failing reward function: zero scores it 0 and counts it, fail abandons "
+                                   "this evaluation (named in summary.json); null: the reward node's",
+                                   choices=("zero", "fail"))
+    every: int = setting(10, "evaluate every N policy versions (0: only before training and at the end)", min=0)
+    before_training: bool = setting(True, "evaluate version 0, the weights before any step")
+    at_end: bool = setting(True, "evaluate the final version too, whether or not it is a multiple of `every`")
+    samples: int = setting(1, "responses per prompt (n)", min=1)
+    k: int | None = setting(None, "pass@k and maj@k over k of the samples (null: samples; at most samples)", min=1)
+    temperature: float = setting(0.0, "sampling temperature (0: greedy, so pass@1 is the greedy answer's)", min=0)
+    top_p: float = setting(1.0, "nucleus sampling threshold", min=1e-6, max=1.0)
+    max_tokens: int | None = setting(None, "maximum response tokens (null: the generate node's)", min=1)
+    correct_at: float = setting(1.0, "a response counts as correct (pass@k, maj@k) when its reward is at least this")
+    timeout_s: float = setting(600.0, "an evaluation unfinished this long after it became due (a newer evaluation "
+                               "began, training ended; sync: at once) is abandoned and named in summary.json, so a "
+                               "slow one never holds the run", min=1e-3)
     loc: SourceLoc = dataclasses.field(default_factory=SourceLoc, compare=False)
 
 
@@ -161,6 +211,7 @@ class Graph:
     model: dict[str, Any] = dataclasses.field(default_factory=dict)
     async_: AsyncConfig = dataclasses.field(default_factory=AsyncConfig)
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
+    evals: dict[str, EvalSet] = dataclasses.field(default_factory=dict)   # the `eval:` section: held-out sets
     description: str | None = None
     source_file: str | None = dataclasses.field(default=None, compare=False)  # where it was loaded from (metadata, like loc)
     # Where each dotted YAML path came from ("nodes.rollout.params.temperature" -> file:line),

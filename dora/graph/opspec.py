@@ -175,6 +175,10 @@ class OpSpec:
     # "pkg.module:function", (filled params, devices) -> problem | None; without one, devices is 1.
     sharded: bool = False
     devices_check: str | None = None
+    # What the machine must provide for the node (a sandbox's isolation tool): "pkg.module:function",
+    # filled params -> [(param key path, "error" | "warning", message)]; dora validate and dora run
+    # report them at the param's file:line. Imported only once every param checked out.
+    host_check: str | None = None
     # Columns named by params (a reward source's `reward/<name>`, a scorer's output `column`):
     # "pkg.module:function", filled params -> (needs, adds); its docstring's first line is what
     # `dora ops` prints. Imported only when a pipeline is checked (a module without torch).

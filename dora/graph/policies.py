@@ -22,7 +22,7 @@ __all__ = ["Policy", "find_policies", "is_multi_policy", "node_policies", "polic
            "policy_problems", "policy_settings"]
 
 PROMPT_COLUMNS = ("uid", "group_id", "prompt_ids")   # what a run's prompt feed reads from a prompt row
-ARCHITECTURE_OF = "dora.ops.models:architecture_of"   # model section -> its architecture (or None: unknown)
+ARCHITECTURE_OF = "dora.ops.model_section:architecture_of"   # model section -> its architecture (or None: unknown)
 POLICY_KEYS = ("mode", "max_staleness", "rollout_batch", "train_batch", "versions_per_instance")
 
 

@@ -112,4 +112,7 @@ def format_graph(g: Any, params: bool | str = False) -> str:
         lines += _table([(f"policy %{u}:", ", ".join(f"{k}={v}" for k, v in (o or {}).items()) if isinstance(o, dict)
                           else repr(o)) for u, o in policies.items()], indent="   ")
     lines.append(f" run: {_section(g.run, tuple(section_specs(type(g.run))))}")
+    for name, e in getattr(g, "evals", {}).items():
+        specs = section_specs(type(e))   # (a set's settings as written: the rest are defaults)
+        lines.append(f" eval {name}: {_section(e, tuple(k for k, ps in specs.items() if getattr(e, k) != ps.default))}")
     return "\n".join(lines)

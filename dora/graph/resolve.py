@@ -19,6 +19,7 @@ import dataclasses
 from typing import Any
 
 from dora.graph.diagnostics import GraphError, errors_of
+from dora.graph.eval_check import resolve_evals
 from dora.graph.model import Graph, RunConfig
 from dora.graph.opspec import OpSpec, fill_params
 from dora.graph.policies import derive_cross_policy, find_policies, is_multi_policy, node_policies, policy_settings
@@ -38,6 +39,7 @@ class Resolved:
     params: dict[str, dict[str, Any]]    # node -> every declared param, checked, typed, derived
     async_: AsyncSettings
     run: RunConfig
+    evals: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)   # held-out sets, nulls filled
     # a graph with several update nodes (dora/graph/policies.py): each policy's settings, and the policy
     # of each node that belongs to one; a single-policy graph has none and every node gets async_
     policies: dict[str, AsyncSettings] = dataclasses.field(default_factory=dict)
@@ -66,7 +68,7 @@ def resolve(g: Graph) -> Resolved:
     if not is_multi_policy(specs) and not g.async_.policies:
         async_ = resolve_async(g.async_, group_size_of(g, specs, params))
         async_ = dataclasses.replace(async_, versions_per_instance=versions_per_instance(async_, specs, params))
-        return Resolved(g, specs, params, async_, dataclasses.replace(g.run))
+        return Resolved(g, specs, params, async_, dataclasses.replace(g.run), resolve_evals(g, specs, params))
     policies = find_policies(g, specs)
     settings = policy_settings(g, specs, params, group_size_of(g, specs, params))
     for p in policies:   # M from the engines of the policy's own generate node

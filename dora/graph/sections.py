@@ -61,6 +61,7 @@ class AsyncSettings:
     train_batch: int = 32         # TBS (trajectories)
     group_size: int | None = None  # G, from the dataset node; None: batches arrive as whole groups
     versions_per_instance: int = 1  # M as the run uses it (dora.graph.resolve: 1 where the engine hosts one version)
+    fast_lanes: int = -1           # async.fast_lanes: instances fast lanes may take (-1: as measured, 0: none)
     policy: str | None = None     # the update node of this policy in a graph with several (dora/graph/policies.py)
 
     def to_dict(self) -> dict[str, Any]:
@@ -99,4 +100,4 @@ def resolve_mode(mode: str, max_staleness: int, rollout_batch: int, train_batch:
 def resolve_async(cfg: Any, group_size: int | None) -> AsyncSettings:
     """AsyncSettings for an AsyncConfig and the dataset's group size (None: no dataset node)."""
     k, rbs = resolve_mode(cfg.mode, cfg.max_staleness, cfg.rollout_batch, cfg.train_batch, group_size or 1)
-    return AsyncSettings(cfg.mode, k, rbs, cfg.train_batch, group_size, cfg.versions_per_instance)
+    return AsyncSettings(cfg.mode, k, rbs, cfg.train_batch, group_size, cfg.versions_per_instance, cfg.fast_lanes)

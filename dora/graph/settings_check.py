@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from dora.graph.diagnostics import Diagnostic, error, errors_of
+from dora.graph.eval_check import eval_problems
 from dora.graph.loggers import validate_loggers
 from dora.graph.model import Graph
 from dora.graph.opspec import OpSpec, fill_params, import_object, param_problems
@@ -64,8 +65,21 @@ def settings_problems(g: Graph, specs: dict[str, OpSpec | None]) -> list[Diagnos
     diags += _broadcast_problems(g, specs, params)
     diags += _elastic_problems(g, specs, params)
     diags += _engine_problems(g, specs, params)
+    diags += _fast_lane_problems(g, specs)
     diags += limit_problems(g, specs, params)   # the dataset's prompt limit, and a file source's first rows
+    diags += eval_problems(g, specs, params)
     return diags
+
+
+def _fast_lane_problems(g: Graph, specs: dict[str, OpSpec | None]) -> list[Diagnostic]:
+    """async.fast_lanes must leave the newest version at least one generate replica."""
+    lanes = g.async_.fast_lanes
+    replicas = sum(g.nodes[n].replicas for n in nodes_with(specs, "generate"))
+    if not isinstance(lanes, int) or lanes < 1 or not replicas or lanes < replicas:
+        return []
+    return [error(f"async.fast_lanes {lanes} leaves no generate replica for the newest version: the pipeline has "
+                  f"{replicas} generate replica(s), and fast lanes may take at most {replicas - 1}",
+                  g.loc_of("async.fast_lanes"), hint=f"use async.fast_lanes <= {replicas - 1}, -1 (as measured) or 0 (none)")]
 
 
 def _policy_mode_problems(g: Graph, specs: dict[str, OpSpec | None], params: dict[str, dict[str, Any]],

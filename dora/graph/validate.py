@@ -117,6 +117,9 @@ def _check_nodes(g: Graph, specs: dict[str, OpSpec | None], op_errors: dict[str,
         problems = param_problems(spec, node.params)
         for p in problems:
             diags.append(error(p.message, g.loc_of(f"nodes.{n}.params.{p.key}"), node=n, hint=p.hint))
+        if not problems and spec.host_check is not None:
+            for key, severity, message in import_object(spec.host_check)(fill_params(spec, node.params, checked=True)):
+                diags.append((error if severity == "error" else warning)(message, g.loc_of(f"nodes.{n}.params.{key}"), node=n))
         if not problems and _is_int(node.devices) and node.devices > 1:
             _check_devices(g, n, spec, diags)
         if spec.is_source and node.replicas not in (1,) and _is_int(node.replicas):

@@ -16,17 +16,18 @@ from typing import Any, Iterable
 import yaml
 
 from dora.graph.diagnostics import Diagnostic, GraphError, error, errors_of
-from dora.graph.model import AsyncConfig, Edge, Graph, Node, Pool, RunConfig, SourceLoc, WeightsEdge
+from dora.graph.model import AsyncConfig, Edge, EvalSet, Graph, Node, Pool, RunConfig, SourceLoc, WeightsEdge
 from dora.graph.opspec import did_you_mean
 from dora.graph.sections import section_specs
 
-TOP_KEYS = ("name", "description", "defaults", "model", "pools", "nodes", "weights", "async", "run")
+TOP_KEYS = ("name", "description", "defaults", "model", "pools", "nodes", "weights", "async", "run", "eval")
 NODE_KEYS = ("op", "params", "pool", "replicas", "devices", "memory", "model", "inputs")
 EDGE_KEYS = ("from", "group_by", "capacity", "capacity_bytes", "routing")
 POOL_KEYS = ("device", "count")
 WEIGHTS_KEYS = ("from", "to")
 ASYNC_KEYS = tuple(section_specs(AsyncConfig))
 RUN_KEYS = tuple(section_specs(RunConfig))
+EVAL_KEYS = tuple(section_specs(EvalSet))
 COMMAND_LINE = SourceLoc("<command line>", None)
 _DOLLAR_BRACE = re.compile(r"(\\*)\$\{")
 
@@ -372,6 +373,14 @@ def graph_from_data(data: Any, locs: Locs, file: str | None) -> tuple[Graph | No
     r = section("run", dict, {})
     diags += _check_keys(r, RUN_KEYS, "run", "run", locs, file)
     g.run = RunConfig(loc=locs.get("run", SourceLoc(file, None)), **{k: v for k, v in r.items() if k in RUN_KEYS})
+    for name, e in section("eval", dict, {}).items():
+        path = f"eval.{name}"
+        if not isinstance(e, dict):
+            diags.append(error(f"held-out set {name!r} must be a mapping (source, size, ...)", locs.get(path, SourceLoc(file, None)),
+                               hint="eval: {heldout: {source: 'synthetic:quickstart', seed: 1, size: 64}}"))
+            continue
+        diags += _check_keys(e, EVAL_KEYS, f"held-out set {name!r}", path, locs, file)
+        g.evals[str(name)] = EvalSet(loc=locs.get(path, SourceLoc(file, None)), **{k: v for k, v in e.items() if k in EVAL_KEYS})
     if "description" in data:
         g.description = data["description"]
     return g, diags
@@ -476,6 +485,10 @@ def graph_to_data(g: Graph) -> dict[str, Any]:
     run = {k: getattr(g.run, k) for k in RUN_KEYS if getattr(g.run, k) != section_specs(RunConfig)[k].default}
     if run:
         d["run"] = run
+    if g.evals:
+        defaults = section_specs(EvalSet)
+        d["eval"] = {n: {k: getattr(e, k) for k in EVAL_KEYS if getattr(e, k) != defaults[k].default}
+                     for n, e in g.evals.items()}
     return _escape(d)
 
 

@@ -9,6 +9,8 @@ gets every numeric value of every step record under its metrics.jsonl key, at th
                   uploads it), online when run.wandb.mode or WANDB_MODE says so; project, entity and
                   name from run.wandb, else WANDB_*, else the pipeline's and the run folder's names
 
+Held-out evaluations (eval.jsonl) reach them as eval/<set>/<metric> at the version evaluated (W&B:
+against eval/version, its own step only grows), and samples.jsonl's rows as one W&B table.
 A sink that fails mid-run is reported once and closed; metrics.jsonl still has every record.
 """
 
@@ -29,6 +31,16 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def eval_scalars(record: dict[str, Any]) -> dict[str, float]:
+    """An eval.jsonl line's metrics under their logger names, eval/<set>/<metric>."""
+    from dora.graph.eval_check import EVAL_METRICS
+    return {f"eval/{record['set']}/{m}": v for m, v in scalars(record).items() if m in EVAL_METRICS}
+
+
+def sample_columns() -> list[str]:
+    return ["kind", "step", "version", "set", "prompt", "response", "reward", "finish_reason"]
+
+
 class TensorBoardSink:
     name = "tensorboard"
 
@@ -43,6 +55,13 @@ class TensorBoardSink:
         for k, v in scalars(record).items():
             if k != "step":
                 self.writer.add_scalar(k, v, step)
+
+    def write_eval(self, record: dict[str, Any]) -> None:
+        for k, v in eval_scalars(record).items():
+            self.writer.add_scalar(k, v, int(record["version"]))
+
+    def write_samples(self, rows: list[dict[str, Any]]) -> None:
+        pass   # (samples.jsonl and W&B's table hold them; TensorBoard keeps curves)
 
     def close(self) -> None:
         self.writer.close()
@@ -61,13 +80,41 @@ class WandbSink:
                                   disable_git=True, x_disable_meta=True)
         where = wandb_run(options or {}, run_name, os.path.basename(os.path.abspath(run_dir)))
         self.run = wandb.init(**where, dir=run_dir, config=config, settings=settings, reinit="create_new")
+        self.eval_axis, self.samples = False, []
+        self.step, self.in_row, self.deferred = 0, set(), []   # W&B's open row: its step, the sets in it
 
     def write(self, record: dict[str, Any]) -> None:
-        self.run.log({k: v for k, v in scalars(record).items() if k != "step"}, step=int(record["step"]))
+        self.step = int(record["step"])
+        self.run.log({k: v for k, v in scalars(record).items() if k != "step"}, step=self.step)
+        self.in_row, deferred, self.deferred = set(), self.deferred, []
+        for r in deferred:
+            self.write_eval(r)
+
+    def write_eval(self, record: dict[str, Any]) -> None:
+        # W&B's own step only grows, and an evaluation may land after later steps: its curves are
+        # drawn against eval/version (define_metric), its values ride in W&B's open row. A row holds
+        # one evaluation per set: another one waits for the next row (or close), never overwriting it.
+        if not self.eval_axis:
+            self.run.define_metric("eval/version")
+            self.run.define_metric("eval/*", step_metric="eval/version")
+            self.eval_axis = True
+        if record["set"] in self.in_row:
+            self.deferred.append(record)
+            return
+        self.in_row.add(record["set"])
+        self.run.log({"eval/version": int(record["version"]), **eval_scalars(record)}, commit=False)
+
+    def write_samples(self, rows: list[dict[str, Any]]) -> None:
+        self.samples += [[r.get(c) for c in sample_columns()] for r in rows]
 
     def close(self) -> None:
         import wandb
 
+        for r in self.deferred:   # (evaluations that found their row taken: rows of their own)
+            self.step += 1
+            self.run.log({"eval/version": int(r["version"]), **eval_scalars(r)}, step=self.step)
+        if self.samples:   # what the model wrote, as one table (samples.jsonl has the same rows)
+            self.run.log({"samples": wandb.Table(columns=sample_columns(), data=self.samples)})   # (commits the open row)
         self.run.finish()
         wandb.teardown()   # stops W&B's service process now, not at interpreter exit
 
@@ -101,13 +148,15 @@ def open_for_run(graph: Any, run_dir: str, config: dict[str, Any]) -> list[Any] 
         return None
 
 
-def write_to(sinks: list[Any], record: dict[str, Any]) -> None:
-    """Write one record to every sink; a sink that raises is reported and dropped."""
+def write_to(sinks: list[Any], record: Any, method: str = "write") -> None:
+    """Hand one record (a step's; `write_eval`: an evaluation's; `write_samples`: sample rows) to every
+    sink; a sink that raises is reported and dropped."""
     for s in list(sinks):
         try:
-            s.write(record)
+            getattr(s, method)(record)
         except Exception as e:
-            print(f"dora run: logger {s.name} failed at step {record.get('step')} and was closed "
+            step = record.get("step") if isinstance(record, dict) else None
+            print(f"dora run: logger {s.name} failed at step {step} and was closed "
                   f"(metrics.jsonl keeps every step): {type(e).__name__}: {e}", file=sys.stderr, flush=True)
             sinks.remove(s)
             close_sinks([s])

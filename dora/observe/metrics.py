@@ -6,6 +6,7 @@ every step record carries them, filled with 0 / None only where a mode does not 
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -29,9 +30,16 @@ def clean_json(value: Any) -> Any:
     return value
 
 
+EVAL_FILE, SAMPLES_FILE = "eval.jsonl", "samples.jsonl"
+LATEST_SAMPLES = 50   # sample rows kept in memory for a live dashboard
+
+
 class MetricsLog:
     """Appends step records to DIR/metrics.jsonl as they happen (a crash keeps what was written),
-    and hands each to the `run.loggers` sinks (dora/observe/metric_sinks.py), if any.
+    and hands each to the `run.loggers` sinks (dora/observe/metric_sinks.py), if any. Beside it:
+    DIR/eval.jsonl, one line per held-out evaluation (version, set), whose metrics the sinks get as
+    eval/<set>/<metric> (`write_eval`), and DIR/samples.jsonl, what the model wrote and what it was
+    scored, training and evaluation samples alike (`write_samples`; W&B gets them as a table).
 
     `earlier`: a resumed run's records of steps 1..N (already in the file, which it appends to):
     they count in `records` (the summary is the whole lineage's) and are replayed into the sinks,
@@ -47,11 +55,18 @@ class MetricsLog:
 
     def _start(self, records: list[dict[str, Any]], sinks: list[Any], mode: str) -> None:
         self.records, self.sinks = records, sinks
+        run_dir = os.path.dirname(self.path)
+        self.evals = read_jsonl(os.path.join(run_dir, EVAL_FILE)) if mode == "a" else []   # (kept lines: replayed)
+        self.latest_samples: collections.deque = collections.deque(maxlen=LATEST_SAMPLES)   # (the dashboard's)
         self._fh = open(self.path, mode, encoding="utf-8")
-        if self.sinks and self.records:
+        self._eval_fh = open(os.path.join(run_dir, EVAL_FILE), mode, encoding="utf-8")
+        self._samples_fh = open(os.path.join(run_dir, SAMPLES_FILE), mode, encoding="utf-8")
+        if self.sinks and (self.records or self.evals):
             from dora.observe.metric_sinks import write_to
             for record in self.records:
                 write_to(self.sinks, record)
+            for record in self.evals:
+                write_to(self.sinks, record, "write_eval")
 
     def restart_at(self, cut: Callable[[], list[dict[str, Any]]]) -> None:
         """Go back to an earlier step (a trainer restart): the file and the sinks are closed, `cut()`
@@ -75,7 +90,36 @@ class MetricsLog:
             from dora.observe.metric_sinks import write_to
             write_to(self.sinks, record)
 
+    def write_eval(self, record: dict[str, Any]) -> None:
+        """One held-out evaluation's line of eval.jsonl (its `step` is the version evaluated)."""
+        record = clean_json(record)
+        self.evals.append(record)
+        self._line(self._eval_fh, record)
+        if self.sinks:
+            from dora.observe.metric_sinks import write_to
+            write_to(self.sinks, record, "write_eval")
+
+    def write_samples(self, rows: list[dict[str, Any]]) -> None:
+        """Lines of samples.jsonl: {kind: train | eval, step, version, prompt, response, reward, ...}."""
+        if not rows:
+            return
+        rows = [clean_json(r) for r in rows]
+        self.latest_samples.extend(rows)
+        self._samples_fh.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+        self._samples_fh.flush()
+        if self.sinks:
+            from dora.observe.metric_sinks import write_to
+            write_to(self.sinks, rows, "write_samples")
+
+    @staticmethod
+    def _line(fh, record: dict[str, Any]) -> None:
+        fh.write(json.dumps(record, sort_keys=True) + "\n")
+        fh.flush()
+
     def close(self) -> None:
+        for fh in (self._eval_fh, self._samples_fh):
+            if not fh.closed:
+                fh.close()
         if not self._fh.closed:
             self._fh.close()
         if self.sinks:
@@ -125,9 +169,25 @@ def summarize(records: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     out["staleness_max"] = max((r.get("staleness_max") or 0) for r in records)
     out["rollout_only_s"] = sum(r.get("rollout_only_s") or 0.0 for r in records)
     out["rollout_only_fraction"] = out["rollout_only_s"] / wall if wall > 0 else None
-    for key in ("c1_violations", "c2_violations", "c3_violations", "migrated_requests", "reprefill_tokens"):
+    for key in ("c1_violations", "c2_violations", "c3_violations", "migrated_requests", "fast_lane_requests", "reprefill_tokens"):
         out[key] = sum(r.get(key) or 0 for r in records)
     return clean_json(out)
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+    """The records of a jsonl file (none if it is missing; a torn last line is skipped)."""
+    if not os.path.isfile(path):
+        return []
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+    return out
 
 
 def write_summary(run_dir: str, summary: dict[str, Any]) -> str:

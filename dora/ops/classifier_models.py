@@ -31,7 +31,7 @@ def classifier_problems(section: Any) -> list[tuple[str, str]]:
         return [("name", f"model {section['name']!r} is a causal language model; a reward model is a sequence "
                          "classifier with one label (model: {path: DIR})")]
     if not section.get("path"):
-        from dora.ops.models import model_problems   # the tiny section's own checks
+        from dora.ops.model_section import model_problems   # the tiny section's own checks
         return model_problems(section)
     path = os.path.expanduser(str(section["path"]))
     extra = sorted(set(section) - {"path"})
@@ -68,7 +68,7 @@ def load_classifier(section: dict[str, Any], device: str = "cpu", seed: int = 0,
     torch_dtype = getattr(torch, dtype)
     if section.get("path"):
         directory = models._local_dir(section)
-        tok = models._load_hf_tokenizer(directory)
+        tok = models.hf_tokenizer(directory)
         model = AutoModelForSequenceClassification.from_pretrained(directory, dtype=torch_dtype, local_files_only=True)
         if model.config.num_labels != 1:
             raise ValueError(f"reward model {directory}: {model.config.num_labels} labels; a reward model has one")

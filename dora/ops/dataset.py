@@ -12,6 +12,8 @@ Sources (param `source`):
 A row that cannot be used (malformed, or a prompt over `max_prompt_tokens` as resolved: see
 dora/ops/prompt_rows.py) fails the run naming file:line (exit 2), or with on_error: skip is skipped
 and counted (a `dataset_skipped` report: summary.json accounting.dataset_skipped_rows).
+`holdout` (a share) leaves out the prompts a hash of their text puts in the held-out share
+(dora/ops/holdout.py): held-out sets with `split: holdout` evaluate on exactly those.
 
 Rows: uid, group_id, prompt (text as fed to the model: chat template applied for chat models),
 question (the prompt as written: the last user message, before any template; what a judge reads),
@@ -35,6 +37,7 @@ from dora.graph.columns import COLUMNS
 from dora.ops.base import OpContext, Operator
 from dora.ops.data_files import DatasetError, raw_rows
 from dora.ops.dataset_settings import is_file_source, source_problem   # (the declarations name them there)
+from dora.ops.holdout import held_out
 from dora.ops.prompt_rows import collect, parse_file_row, parsed, prepared, render
 
 __all__ = ["DatasetError", "DatasetOp", "load_records", "render", "source_problem"]
@@ -51,12 +54,15 @@ class DatasetOp(Operator):
         from dora.ops.models import load_tokenizer
 
         self.tokenizer = load_tokenizer(ctx.model)
-        source, limit = p["source"], p["max_prompt_tokens"]
+        source, limit, share = p["source"], p["max_prompt_tokens"], p["holdout"]
+        # the held-out share never trains (held-out sets with split: holdout take it)
+        keep = (lambda r: not held_out(r, share)) if share > 0 else None
         if is_file_source(source):
-            rows = prepared(raw_rows(source), self.tokenizer, p["chat_template"], limit, parse_file_row(source))
+            rows = prepared(raw_rows(source), self.tokenizer, p["chat_template"], limit, parse_file_row(source), keep=keep)
         else:
             generated = load_records(source, p["size"], self.seed, dict(p["task_params"]))
-            rows = prepared(((f"{source}[{i}]", r) for i, r in enumerate(generated)), self.tokenizer, p["chat_template"], limit)
+            rows = prepared(((f"{source}[{i}]", r) for i, r in enumerate(generated)), self.tokenizer, p["chat_template"],
+                            limit, keep=keep)
         loaded = collect(rows, p["on_error"], p["size"], source)
         self.records, self.skipped = loaded.records, (loaded.skipped, loaded.skipped_where)
         self.has_meta = any("task_meta" in r for r in self.records)

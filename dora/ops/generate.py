@@ -34,6 +34,10 @@ versions still hosted here.
 C1 across turns: a trajectory waiting on a tool takes its next turn on its own version, so that
 version stays hosted while it waits (AgentLoop.waiting_versions -> Engine.keep_versions), and
 load_version refuses a version that would leave no room for it (always when max_versions is 1).
+Rows with an `eval_set` column are held-out evaluation requests (dora/ops/eval_requests.py): run on
+their own version with the set's sampling, reported in `eval_finished` events instead of emitted,
+and aborted (`eval_aborted`) rather than ever holding up a load_version (the weight slots it needs)
+or a sleep; interrupt_all leaves them be.
 max_turns > 1: multi-turn rollouts with tools (dora/ops/multiturn/agent_loop.py): a request is a
 trajectory of model turns and tool observations under one uid; the rows get the multi-turn columns
 and the `finished` event per-trajectory lists (agent_loop.event_fields).
@@ -51,6 +55,8 @@ from dora.graph.builtin_ops import ENGINE_COUNTERS, ENGINE_GAUGES, MULTITURN_COL
 from dora.graph.columns import COLUMNS
 from dora.ops.base import Operator, OpContext, WithBuffers
 from dora.ops.engines.engine import Completion, Engine, SamplingRequest, states_from_wire, states_to_wire
+from dora.ops.eval_data import is_eval
+from dora.ops.eval_requests import EvalRequests
 from dora.ops.multiturn.agent_loop import AgentLoop, event_fields, trajectory_columns
 from dora.ops.generate_settings import check_params, devices_problem   # (the declarations name them there)
 from dora.ops.weights.broadcast import WeightReceiver
@@ -62,6 +68,19 @@ OUTPUT_COLUMNS = ("response_ids", "response_text", "behavior_logprobs", "token_v
 # The trainer reports a version only after broadcasting it, so it is normally here at once;
 # past this wait the replica loads the version's file instead.
 BROADCAST_WAIT_S = 10.0
+STEP_S_EMA = 0.2      # weight of the newest iteration in stats()' step_s (about the last five)
+
+
+class IterationTimes:
+    """The engine iteration's time, averaged over the last few that had work (stats() `step_s`: the
+    rollout control code fits how decode time grows with the batch from it; 0: not measured yet)."""
+
+    def __init__(self):
+        self.step_s = 0.0
+
+    def record(self, seconds: float, working: bool) -> None:
+        if working:
+            self.step_s = seconds if not self.step_s else STEP_S_EMA * seconds + (1 - STEP_S_EMA) * self.step_s
 
 
 class GenerateOp(Operator):
@@ -87,6 +106,8 @@ class GenerateOp(Operator):
         self.in_flight: set[str] = set()           # uids submitted or imported here, not yet finished or handed on
         self.counters_reported = dict.fromkeys(ENGINE_COUNTERS, 0)
         self.waits_reported: set[str] = set()      # uids in a tool wait at the last `tool_waits` event
+        self.iterations = IterationTimes()         # seconds per engine iteration lately (stats() step_s)
+        self.evals = EvalRequests(self)            # held-out evaluation requests (dora/ops/eval_requests.py)
         if p["weight_sync"] == "broadcast" and not ctx.run_dir:
             raise ValueError(f"{ctx.label}: weight_sync: broadcast needs a run_dir (the rendezvous file is there)")
         self.receiver = None
@@ -104,7 +125,7 @@ class GenerateOp(Operator):
         for name in ("uid", "prompt_ids"):
             if name not in batch.schema.names:
                 raise ValueError(f"{self.ctx.label}: input batch lacks column {name!r}; it has {batch.schema.names}")
-        for f in batch.schema:
+        for f in batch.schema if "eval_set" not in batch.schema.names else ():   # (training rows' types only)
             if f.name not in self.out_columns:
                 self.in_fields.setdefault(f.name, f)
         rows = batch.to_pylist()
@@ -116,6 +137,9 @@ class GenerateOp(Operator):
             version = self.engine.version if version is None else int(version)
             uid, prompt_ids = str(row["uid"]), [int(t) for t in row["prompt_ids"]]
             passed = {k: v for k, v in row.items() if k not in self.out_columns}
+            if is_eval(row):
+                self.evals.start(uid, prompt_ids, version, passed)
+                continue
             if self.agent is not None:
                 self.agent.start(uid, prompt_ids, version, passed)
             else:
@@ -128,10 +152,13 @@ class GenerateOp(Operator):
         return self.engine.has_work() or (self.agent is not None and self.agent.has_work())
 
     def poll(self) -> Iterable[pa.RecordBatch]:
+        t0, working = time.perf_counter(), self.engine.has_work()
         done = [c for c in self.engine.step() if c.finish_reason != "abort"]
+        self.iterations.record(time.perf_counter() - t0, working)
         if self.agent is not None:   # finished turns go on to tools; only ended trajectories come back
             done = self.agent.advance(done)
             self._report_waits()
+        done = self.evals.take_finished(done)   # (reported, never emitted)
         self.in_flight.difference_update(c.uid for c in done)
         if not done:
             return ()
@@ -195,6 +222,8 @@ class GenerateOp(Operator):
 
     # ------------------------------------------------------------------ control
     def load_version(self, version: int, path: str) -> dict[str, Any]:
+        if self.agent is not None:   # (multi-turn: evaluation trajectories waiting on a tool must not hold a version)
+            self.evals.abort_others(int(version), f"version {version} loaded")
         waiting = self.agent.waiting_versions() if self.agent is not None else set()
         if waiting and (self.max_versions == 1 or len(waiting | {int(version)}) > self.max_versions):
             # C1 across turns: their next turn must run on their version, which must stay hosted
@@ -209,7 +238,7 @@ class GenerateOp(Operator):
                 weights, source = self.receiver.get(int(version), BROADCAST_WAIT_S), "broadcast"
             except (TimeoutError, RuntimeError) as e:   # not arrived, or the receiver failed: the file has it
                 print(f"{self.ctx.label}: loading version {version} from {path}: {e}", file=sys.stderr, flush=True)
-        self.engine.load_weights(int(version), weights)
+        self.evals.load_weights(int(version), weights)   # (aborts older evaluations only if it needs their slot)
         self.loads_by_source[source] += 1
         return {"version": int(version), "seconds": time.perf_counter() - t0, "source": source,
                 "hosted": self.engine.hosted_versions()}
@@ -242,8 +271,9 @@ class GenerateOp(Operator):
         return WithBuffers(value, frames)
 
     def interrupt_all(self):
-        self.in_flight.clear()
-        states = (self.agent or self.engine).interrupt_all()
+        # the training requests; evaluation ones stay (a load that needs their weight slot aborts them)
+        held, self.in_flight = list(self.in_flight), set()
+        states = (self.agent or self.engine).export(held) if self.evals.version_of else (self.agent or self.engine).interrupt_all()
         if self.agent is not None:
             self._report_waits()
         return self._states_reply(states)
@@ -257,7 +287,8 @@ class GenerateOp(Operator):
         return {"imported": [s.request.uid for s in states], "hosted": self.engine.hosted_versions()}
 
     def abort(self, uids: list[str]) -> dict[str, Any]:
-        aborted = [u for u in map(str, uids) if (self.agent.abort(u) if self.agent is not None
+        gone = self.evals.abort([str(u) for u in uids])
+        aborted = gone + [u for u in map(str, uids) if u not in gone and (self.agent.abort(u) if self.agent is not None
                                                  else self.engine.abort(u) is not None)]
         self.in_flight.difference_update(aborted)
         if self.agent is not None:
@@ -266,15 +297,17 @@ class GenerateOp(Operator):
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = self.engine.stats().to_dict()
-        out.update(hosted=self.engine.hosted_versions(), max_versions=self.max_versions)
+        out.update(hosted=self.engine.hosted_versions(), max_versions=self.max_versions, step_s=self.iterations.step_s)
         if self.agent is not None:   # trajectories whose tools are running (they hold no decode slot)
             out["tool_waiting"] = len(self.agent.waiting)
+            out["tool_failures"] = self.agent.tool_failures()
         return out
 
     def sleep(self, keep_graphs: bool = False) -> dict[str, Any]:
         """Release the KV cache and the weights (only when nothing is in flight here); keep_graphs:
         keep what the engine's captured graphs point to (TorchEngine.sleep)."""
         t0 = time.perf_counter()
+        self.evals.abort_others(None, "sleep")
         if self.in_flight:
             raise RuntimeError(f"{self.ctx.label}: sleep() with {len(self.in_flight)} requests in flight; export them first")
         freed = self.engine.sleep(keep_graphs=bool(keep_graphs))

@@ -164,6 +164,23 @@ def model_shape(model_cfg: dict) -> types.SimpleNamespace | None:
     return types.SimpleNamespace(**data)
 
 
+ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "intermediate_size", "tie_word_embeddings")
+
+
+def architecture_of(model_cfg: dict) -> dict[str, Any] | None:
+    """What must match for one model's weights to load into another (dora validate compares the two
+    ends of a weights edge): model type, vocabulary and sizes, read without loading anything. None
+    when unknown (a packaged model not converted yet)."""
+    shape = model_shape(model_cfg)
+    if shape is None:
+        return None
+    arch = {k: getattr(shape, k, None) for k in ARCHITECTURE_KEYS}
+    if arch["num_key_value_heads"] is None:   # (transformers' default: as many as the attention heads)
+        arch["num_key_value_heads"] = arch["num_attention_heads"]
+    return arch
+
+
 def context_length(model_cfg: dict) -> int | None:
     """The positions one sequence may hold (prompt + response), as the engines read them from the
     model's config; None when not known before the model is loaded (a packaged model not converted

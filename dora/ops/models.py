@@ -94,18 +94,6 @@ def policy_hf_config(model_cfg: dict):
     return AutoConfig.from_pretrained(directory, local_files_only=True)
 
 
-ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "intermediate_size", "tie_word_embeddings")
-
-
-def architecture_of(model_cfg: dict) -> dict[str, Any] | None:
-    """What must match for one model's weights to load into another (dora validate compares the two
-    ends of a weights edge): model type, vocabulary and sizes. None when unknown without loading
-    (a packaged model not converted yet)."""
-    cfg = policy_hf_config(model_cfg)
-    return None if cfg is None else {k: getattr(cfg, k, None) for k in ARCHITECTURE_KEYS}
-
-
 @torch.no_grad()
 def seeded_init_(model: torch.nn.Module, std: float, seed: int) -> None:
     """Re-initialise every parameter from a private generator, in name order: norms (1-D

@@ -59,12 +59,15 @@ LIMIT_WHY = "the dataset's max_prompt_tokens, or unset, the longest prompt the g
 
 def prepared(rows: Iterable[tuple[str, Any]], tokenizer, chat_template: str | None, limit: int | None,
              parse: Callable[[Any, str], dict] | None = None,
-             limit_why: str = LIMIT_WHY) -> Iterator[tuple[str, dict | DatasetError]]:
+             limit_why: str = LIMIT_WHY, keep: Callable[[dict], bool] | None = None) -> Iterator[tuple[str, dict | DatasetError]]:
     """(where, rendered record) per row, or (where, DatasetError) for a row that cannot be used.
-    `parse` turns a raw row into a record (file rows); without it rows are records already."""
+    `parse` turns a raw row into a record (file rows); without it rows are records already. A record
+    `keep` refuses (the dataset's held-out share) is left out before rendering, neither used nor bad."""
     for where, row in rows:
         try:
             record = parse(row, where) if parse is not None else row
+            if keep is not None and not keep(record):
+                continue
             try:
                 out = render(record, tokenizer, chat_template)
             except DatasetError as e:

@@ -9,6 +9,8 @@ fn (param):
                      is its <answer>...</answer> content, else the whole stripped text
   format             1.0 if the response matches a format: params.pattern (a regex, re.DOTALL)
                      or by default a non-empty <answer>...</answer> tag (params.tag to rename it)
+  code_exec          runs the response's program against the row's tests in the python sandbox:
+                     pass rate or all-pass (dora/ops/tools/code_exec.py; params there)
   pkg.module:func    a user function (the contract: docs/reward_functions.md)
                        fn(response_text: str, answer: str, row: dict, **params) -> float
                      or `async def` (a batch's rows are then scored concurrently); `dora validate`
@@ -41,7 +43,7 @@ from dora.ops.base import OpContext, Operator
 from dora.ops.arrow_rows import require_columns, with_column
 from dora.ops.reward_sources import Source, parse_sources, sources_problems
 
-BUILTIN_FNS = ("synthetic", "math_verify", "reasoning_gym", "format")
+BUILTIN_FNS = ("synthetic", "math_verify", "reasoning_gym", "format", "code_exec")
 
 ScoreFn = Callable[[str, str, dict], float]
 
@@ -103,6 +105,16 @@ class RewardOp(Operator):
 
     def stats(self) -> dict[str, Any]:
         return {"scored": self.scored, "reward_errors": self.errors}
+
+
+def score_row(fn: ScoreFn, row: dict) -> float:
+    """One trajectory's reward as the op scores it (held-out sets score through here): a multi-turn row
+    on the model's final turn; a failure (exception, non-number, non-finite value) raises."""
+    text = row["final_turn_text"] if "final_turn_text" in row else row["response_text"]
+    r = call_all(fn, [(text or "", "" if row["answer"] is None else str(row["answer"]), row)])[0]
+    if isinstance(r, BaseException):
+        raise r
+    return r
 
 
 def call_all(fn: Callable, calls: list[tuple[str, str, dict]]) -> list[float | BaseException]:
@@ -196,6 +208,9 @@ def resolve_reward_fn(name: str, params: dict[str, Any]) -> ScoreFn:
         pattern = params.get("pattern")
         regex = re.compile(pattern, re.DOTALL) if pattern else _answer_tag(params.get("tag", "answer"))
         return lambda text, answer, row: 1.0 if regex.search(text) else 0.0
+    if name == "code_exec":
+        from dora.ops.tools.code_exec import CodeExecScorer
+        return CodeExecScorer(params)
     if ":" not in name:
         from dora.graph.opspec import did_you_mean
         hint = did_you_mean(name, BUILTIN_FNS) or f"use one of {list(BUILTIN_FNS)} or 'pkg.module:function'"

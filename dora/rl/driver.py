@@ -31,6 +31,7 @@ from dora.graph.resolve import Resolved
 from dora.observe.trace import TraceWriter
 from dora.rl import replica_loss, rollout_start, run_accounting, run_state, trainer_restart
 from dora.rl.clock import RunClock
+from dora.rl.evaluation import Evaluations
 from dora.rl.elastic_lending import ElasticLending
 from dora.rl.prompt_feed import PromptFeed
 from dora.rl.replica_instance import CALL_TIMEOUT_S, ReplicaInstance
@@ -38,7 +39,8 @@ from dora.rl.roles import RLRoles
 from dora.rl.shared_devices import SharedDevices
 from dora.rl.rollout import Finished, RolloutConfig, RolloutController
 from dora.rl.row_failures import RowFailures
-from dora.rl.step_record import driver_step_record
+from dora.rl.step_record import write_step
+from dora.rl.length_trace import length_trace_path
 from dora.rl.multiturn_reports import MultiTurnReports, turn_trace_path
 from dora.rl.trainer_feed import TrainerFeed
 from dora.runtime.errors import RunFailed
@@ -59,16 +61,16 @@ class RLDriver:
         a = resolved.async_ if policy is None else resolved.policies[policy]
         self.cfg = RolloutConfig(mode=a.mode, train_batch=a.train_batch, rollout_batch=a.rollout_batch,
                                  group_size=a.group_size, max_staleness=a.max_staleness,
-                                 versions_per_instance=a.versions_per_instance,
+                                 versions_per_instance=a.versions_per_instance, fast_lanes=a.fast_lanes,
                                  rebalance_period_s=2.0, kv_check_s=1.0).resolved()
         self.total_steps = self.params[roles.update]["steps"]
         self.run_cfg = resolved.run
         self.ctrl = None                       # set by attach()
         self.rc: RolloutController | None = None
         self.clock = clock or RunClock()
-        self.multiturn = MultiTurnReports(self.clock, self.trace, turn_trace_path(metrics))
+        self.multiturn = MultiTurnReports(self.clock, self.trace, turn_trace_path(metrics), length_trace_path(metrics))
         self.prompts = PromptFeed(self.graph.nodes[roles.dataset].replicas, self.cfg.group_size, self.cfg.rollout_batch)
-        self.feed = TrainerFeed()
+        self.feed = TrainerFeed(resolved.run.samples_per_step)
         self.weight_paths: dict[int, str] = {}
         self.weight_loads = 0
         self.weight_sync: dict[int, tuple] = {}            # version -> (seconds, bytes) of its hand-off
@@ -92,6 +94,7 @@ class RLDriver:
         self.reused_instances: list[ReplicaInstance] = []   # the generate replicas, across trainer restarts
         self.elastic: ElasticLending | None = None   # async.elastic: set up with the rollout controller
         self.shared: SharedDevices | None = None     # replicas on the trainer's devices that sleep while it steps
+        self.evaluations = Evaluations.of(self, resolved.evals, metrics)   # held-out sets (dora/rl/evaluation.py)
 
     # ------------------------------------------------------------ controller hooks
     def attach(self, ctrl) -> None:
@@ -110,8 +113,8 @@ class RLDriver:
     def on_batch(self, src_node: str, batch: pa.RecordBatch) -> None:
         if src_node == self.roles.dataset:
             self.prompts.add(batch)
-            if self.rc is not None and not self.prompts.dataset_done:
-                # A short buffer earlier was prompts still in transit, not the end of the dataset.
+            if self.rc is not None and not self.prompts.dataset_done and not (self._done and self.evaluations.sets):
+                # (a short buffer was prompts in transit; after the last step: none while evaluations finish)
                 self.rc.manager.exhausted = False
                 self.rc.tick()
         else:
@@ -122,6 +125,7 @@ class RLDriver:
         kind = ev.get("kind")
         if node == self.roles.generate:   # multi-turn reports: tool waits, parked-KV counters
             self.multiturn.on_event(f"{node}[{replica}]", ev, self.rc)
+        self.evaluations.on_event(ev)   # (eval_finished, eval_aborted)
         if kind == "finished" and node == self.roles.generate:
             self._on_finished(node, replica, ev)
         elif kind in ("weights", "train_step") and trainer_restart.stale(self, ev):
@@ -149,8 +153,7 @@ class RLDriver:
         self._maybe_train()
 
     def on_eos(self, src_node: str, dst_node: str) -> None:
-        # The generate replicas must stay up (they finish what is in flight, and are driven by
-        # control calls), so the edge is not closed: the run ends through done().
+        # (the edge stays open: generate replicas finish what is in flight; the run ends through done())
         if src_node == self.roles.dataset:
             self.prompts.dataset_done = True
 
@@ -159,6 +162,7 @@ class RLDriver:
             return   # (a resumed run also waits for the trainer to publish the version it resumes at)
         rc = self._rc()
         rc.tick()
+        self.evaluations.tick()
         self._maybe_train()
         stuck = self.feed.overdue(self.clock.now(), self.ctrl.stall_timeout_s)
         if stuck is not None:
@@ -170,8 +174,8 @@ class RLDriver:
             self.progress.status(self.stop_reason)
             self._done = True
 
-    def done(self) -> bool:
-        return self._done
+    def done(self) -> bool:   # (a stop signal ends the run at once: on_stop)
+        return self._done and self.evaluations.training_done()   # the held-out evaluations out finish (bounded)
 
     def on_stop(self, reason: str) -> None:
         """The run is asked to stop (a signal): dispatch no more, checkpoint what the trainer has trained."""
@@ -245,6 +249,7 @@ class RLDriver:
             return   # the trainer's starting weights (replicas hold v0, or load a resumed version at start)
         if run_state.checkpoint_due(version, self.total_steps, self.run_cfg.save_every):
             self.snapshot = run_state.capture(self, version)   # before any request of this version exists
+        self.evaluations.published(version)   # (before the mode hears of it: sync evaluates before the batch)
         if self.elastic is not None:
             self.elastic.publish(version)
         elif self.shared is not None:
@@ -284,9 +289,7 @@ class RLDriver:
                         version=version)
         # The rollout controller numbers a step by the trainer version it starts from.
         self._rc().on_trained(version - 1, version, [str(u) for u in ev.get("uids", sent["uids"])])
-        rec = driver_step_record(self, step, version, sent, ev, now)
-        self.metrics.write(rec)
-        self.progress.step(rec)
+        write_step(self, step, version, sent, ev, now)   # (metrics.jsonl, samples.jsonl, the progress line)
         self.steps_done = step
         self.trained_here += len(sent["uids"])
         trainer_restart.remember_trained(self, step, sent["uids"])   # until a checkpoint covers the step

@@ -264,7 +264,7 @@ def _run(run: _Run, signals: StopSignals) -> tuple[str, str | None]:
 
 def _driver_part(driver: RLDriver) -> dict[str, Any]:
     """A policy's part of summary.json: the accounting of every trajectory it dispatched, weight loads,
-    trainer restarts, checkpoints, elastic lending and shared devices where they ran."""
+    trainer restarts, checkpoints, elastic lending, shared devices and held-out sets where they ran."""
     part: dict[str, Any] = {"accounting": driver.finish(), "stop_reason": driver.stop_reason}
     part["weight_loads"] = driver.weight_loads
     part["trainer_restarts"] = driver.restarts.count   # (dora/rl/trainer_restart.py)
@@ -272,6 +272,8 @@ def _driver_part(driver: RLDriver) -> dict[str, Any]:
         part["elastic"] = driver.elastic.summary()
     if driver.shared is not None:    # sleeps before each step, wakes at each publish, bytes handed back
         part["shared_devices"] = driver.shared.summary()
+    if driver.evaluations.sets:   # per set: best version per metric, the last; failures
+        part["eval"] = driver.evaluations.summary()
     part["checkpoints"] = driver.checkpoint_log
     return part
 

@@ -3,6 +3,8 @@ are cut back to what the weights of step N saw.
 
     metrics.jsonl, trained.jsonl   keep the lines of steps <= N (each step once, each trained uid once);
                                    in a run of several policies, the lines of the policy going back only
+    eval.jsonl, samples.jsonl      keep the evaluations of versions <= N and the samples of steps <= N
+    checkpoints/best               rolled back too when it holds a version > N (run.keep_best)
     tb/, wandb/                    the logger folders of the earlier segments (they hold steps > N)
     checkpoints/step_M (M > N)     folders --resume did not trust (torn or corrupted)
 
@@ -22,7 +24,7 @@ import shutil
 from typing import Any
 
 ROLLED_BACK = "rolled_back"
-LEDGERS = ("metrics.jsonl", "trained.jsonl")
+LEDGERS = ("metrics.jsonl", "trained.jsonl", "eval.jsonl", "samples.jsonl")   # (eval and samples: step = version)
 LOGGER_DIRS = ("tb", "wandb")
 FROM_STEP = {"resume": "resumed_from_step", "restart": "restarted_from_step"}   # rolled_back.json's key, by kind
 
@@ -77,17 +79,18 @@ def roll_back(run_dir: str, step: int, untrusted: list[str] = (), kind: str = "r
     the run: rolled_back/restart_K/). In a run of several policies, `policy` is the one going back
     (its lines of metrics.jsonl only) and `files_dir` where its trained.jsonl is (RUN_DIR/policies/<it>).
     Returns what was moved (also in rolled_back.json)."""
-    where = {"metrics.jsonl": run_dir, "trained.jsonl": files_dir or run_dir}
+    where = {"trained.jsonl": files_dir or run_dir}   # (the others are the run's, their lines say their policy)
     # (trained.jsonl is the policy's own file: every line of it is the policy's)
-    splits = {name: split_lines(os.path.join(where[name], name), step, policy if name == "metrics.jsonl" else None)
-              for name in LEDGERS}
+    splits = {name: split_lines(os.path.join(where.get(name, run_dir), name), step,
+                                policy if name != "trained.jsonl" else None) for name in LEDGERS}
     loggers = [d for d in LOGGER_DIRS if os.path.isdir(os.path.join(run_dir, d))]
-    untrusted = [p for p in untrusted if os.path.isdir(p)]
+    untrusted = [p for p in untrusted if os.path.isdir(p)] + _best_after(run_dir, step)
     report: dict[str, Any] = {FROM_STEP[kind]: int(step),
                               "metrics_rows": len(splits["metrics.jsonl"][1]),
                               "trained_rows": len(splits["trained.jsonl"][1]),
                               "trained_trajectories": sum(len(json.loads(x).get("uids", []))
                                                           for x in splits["trained.jsonl"][1] if _is_json(x)),
+                              "eval_rows": len(splits["eval.jsonl"][1]),
                               "logger_dirs": loggers, "checkpoints": [os.path.basename(p) for p in untrusted]}
     if policy is not None:
         report["policy"] = policy
@@ -107,9 +110,19 @@ def roll_back(run_dir: str, step: int, untrusted: list[str] = (), kind: str = "r
         json.dump(report, f, indent=2)
     for name, (kept, cut) in splits.items():
         if cut:
-            _replace(os.path.join(where[name], name), kept)
+            _replace(os.path.join(where.get(name, run_dir), name), kept)
     report["folder"] = seg
     return report
+
+
+def _best_after(run_dir: str, step: int) -> list[str]:
+    """checkpoints/best when the version it holds is newer than `step` (that lineage is abandoned)."""
+    path = os.path.join(run_dir, "checkpoints", "best")
+    try:
+        with open(os.path.join(path, "best.json"), encoding="utf-8") as f:
+            return [path] if int(json.load(f)["version"]) > step else []
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
 
 
 def kept_records(run_dir: str) -> list[dict[str, Any]]:

@@ -8,7 +8,8 @@ from the event that saw it start to the one that saw it end (or the trajectory l
 ENGINE_GAUGES of dora/graph/builtin_ops.py), which the ledger puts in the step's metrics; those of
 multi-turn replicas also carry each trajectory's turns: appended to RUN_DIR/turn_trace.jsonl, one {"prompt_tokens": N, "turns":
 [[generated tokens, tool wait s, tool output tokens], ...]} per line, the format `dora simulate
---trace FILE` replays (dora/sim/workloads.py TraceWorkload).
+--trace FILE` replays (dora/sim/workloads.py TraceWorkload); each trajectory's turns are also kept
+until its step's line of RUN_DIR/length_trace.jsonl takes them (dora/rl/length_trace.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from dora.observe.trace import TraceWriter
 from dora.rl.clock import Clock
+from dora.rl.length_trace import LengthTrace
 
 
 TURN_TRACE = "turn_trace.jsonl"
@@ -31,13 +33,17 @@ def turn_trace_path(metrics) -> str | None:
 
 
 class MultiTurnReports:
-    def __init__(self, clock: Clock, trace: TraceWriter, turn_trace: str | None = None):
+    def __init__(self, clock: Clock, trace: TraceWriter, turn_trace: str | None = None, length_trace: str | None = None):
         self.clock, self.trace, self.turn_trace = clock, trace, turn_trace
+        self.lengths = LengthTrace(length_trace)        # RUN_DIR/length_trace.jsonl (None: not written)
         self.since: dict[tuple[str, str], float] = {}   # (replica, uid) -> when its tool wait began
+        self.turns: dict[str, list] = {}                # uid -> its turns, until its step's length trace takes them
 
     def on_event(self, replica: str, ev: dict[str, Any], rc) -> None:
         if ev.get("kind") == "finished" and rc is not None:
             rc.ledger.count_engine(replica, ev)
+        if ev.get("kind") == "finished" and "turn_trace" in ev:
+            self.turns.update((str(u), t) for u, t in zip(ev["uids"], ev["turn_trace"]))
         if ev.get("kind") == "finished" and self.turn_trace and "turn_trace" in ev:
             with open(self.turn_trace, "a", encoding="utf-8") as f:
                 for p, turns in zip(ev["prompt_tokens"], ev["turn_trace"]):
@@ -53,3 +59,12 @@ class MultiTurnReports:
                 self.trace.span("rollout", f"{replica} tools", "tool wait", t0, now, uid=str(uid))
         if rc is not None:
             rc.on_tool_waits(replica, int(ev.get("waiting", 0)))
+
+    def step_trained(self, step: int, sent: dict[str, Any]) -> None:
+        """The step's line of RUN_DIR/length_trace.jsonl (`sent`: the batch summary the trainer was sent),
+        taking its trajectories' turns."""
+        self.lengths.write(step, sent, self.take_turns)
+
+    def take_turns(self, uid: str) -> list | None:
+        """A trained trajectory's turns (None: it was single-turn), forgotten once taken."""
+        return self.turns.pop(uid, None)

@@ -31,6 +31,9 @@ class PolicyMetrics:
         self.log.write({"policy": p, "step": record["step"],
                         **{f"{p}/{k}": v for k, v in record.items() if k != "step"}})
 
+    def write_samples(self, rows: list[dict[str, Any]]) -> None:   # (samples.jsonl's lines say their policy)
+        self.log.write_samples([{"policy": self.policy, **r} for r in rows])
+
     def restart_at(self, cut: Callable[[], list[dict[str, Any]]]) -> None:
         self.log.restart_at(cut)
 

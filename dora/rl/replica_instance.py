@@ -86,7 +86,9 @@ class ReplicaInstance:
             row = dict(r.payload)
             row["policy_version"] = r.version
             rows.append(row)
-        batch = pa.RecordBatch.from_pylist(rows, schema=self.driver.prompts.schema)
+        # (held-out evaluation requests carry their set's columns: their own schema, inferred)
+        schema = None if "eval_set" in rows[0] else self.driver.prompts.schema
+        batch = pa.RecordBatch.from_pylist(rows, schema=schema)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, batch.schema) as writer:
             writer.write_batch(batch)
@@ -112,6 +114,10 @@ class ReplicaInstance:
                 token_versions=tuple(sorted(set(d["token_versions"])))))
         return out
 
+    def abort(self, uids: list[str]) -> list[str]:
+        """Drop these requests here (an abandoned held-out evaluation's); the uids it held."""
+        return list((self._call("abort", {"uids": list(uids)}) or {}).get("aborted", []))
+
     def export(self, uids: list[str]) -> list[RequestState]:
         return self._states(self._call("export", {"uids": list(uids)}))
 
@@ -128,10 +134,26 @@ class ReplicaInstance:
         counts = [len(st.payload[1]) for st in states]
         self.saw_hosted(self._call("import_", {"state": {"states": wire_states, "frame_counts": counts}}, buffers=frames))
 
+    def load_version_in_flight(self, v: int) -> None:
+        """partial_inflight (PipelineRL): the requests here go on under v over the KV their older
+        version computed. Done with the calls a replica has: interrupt everything (tokens and KV
+        kept), load v, import them back as v's with their KV marked v's, so the engine reuses it
+        instead of prefilling again (an engine with an in-place swap would skip the KV's round trip
+        through host memory; the simulator charges only the weight load)."""
+        states = self.interrupt_all()
+        self.load_version(v)
+        for st in states:
+            wire = st.payload[0]
+            wire["request"] = {**wire["request"], "version": v}
+            if wire.get("kv") is not None:
+                wire["kv_version"] = v
+            st.version = v
+        self.import_(states)
+
     def stats(self) -> InstanceStats:
         s = self._call("stats", {}) or {}
         self.saw_hosted(s)
         cap = max(1, int(s.get("kv_tokens_capacity") or 0))
         return InstanceStats(active=int(s.get("active", 0)), queued=int(s.get("queued", 0)), slots=self.slots,
                              kv_used_fraction=float(s.get("kv_tokens_used", 0)) / cap,
-                             tool_waiting=int(s.get("tool_waiting", 0)))
+                             step_s=float(s.get("step_s") or 0.0), tool_waiting=int(s.get("tool_waiting", 0)))

@@ -21,6 +21,7 @@ def start_rollout(d) -> RolloutController:
     rc = RolloutController(d.cfg, instances, d.prompts.take, d.clock, trace=d.trace, initial_version=d.initial_version)
     rc.restore_finished(d.restored_finished)
     d.rc = rc   # (before start: the events its calls deliver find it)
+    d.evaluations.rollout_started()   # (before the first dispatch: sync evaluates version 0 first)
     rc.start()
     spares = [r.replica for r in d.ctrl.plan.of(gen.name) if r.spare]
     if spares:

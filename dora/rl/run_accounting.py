@@ -46,4 +46,7 @@ def account(d) -> dict[str, Any]:
     a["trainer_restarts"] = r.count
     a["restored_at_restart"] = r.restored
     a["regenerated_groups_at_restart"] = r.regenerated_groups
+    # held-out evaluation samples: apart from the trajectories above (never dispatched to train)
+    ev = d.evaluations.counts
+    a["eval_requests"], a["eval_samples"] = ev.get("requests", 0), ev.get("samples", 0)
     return a

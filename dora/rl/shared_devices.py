@@ -2,9 +2,10 @@
 by the RL driver (the shares: dora/graph/device_shares.py; which replicas: the runtime's
 `Plan.sharing`).
 
-In a mode with K = 0 (sync) nothing is generated while the trainer steps: the next batch is
-dispatched only once the version it trains on is published. So those replicas hand the device's
-memory to the trainer for the step:
+In a colocated mode (its policy says so: sync, where the next batch is dispatched only once the
+version it trains on is published; partial_colocated, which interrupts every request when the
+trainer takes its batch and resumes them at the publish) nothing is generated while the trainer
+steps. So those replicas hand the device's memory to the trainer for the step:
 
     before the step   right before the batch is sent, each sharing replica sleeps; it holds no
                       version then. The trainer's allocator is capped at its own share, so the
@@ -15,7 +16,7 @@ memory to the trainer for the step:
                       of the new version and loads it on every idle instance that holds another
                       (BatchPolicy.on_published) before it dispatches the next batch
 
-With K >= 1 rollout runs while the trainer steps and each keeps its share. The sleep and wake
+In the other modes rollout runs while the trainer steps and each keeps its share. The sleep and wake
 calls are ReplicaInstance's, the ones elastic lending makes (elastic_lending.py). What it costs is
 charged to the run: trace spans `sleep` / `wake` on the replica's row, per-step metrics
 `shared_sleep_s`, `shared_wake_s`, `shared_bytes_released`, and summary.json's `shared_devices`.
@@ -28,14 +29,15 @@ from typing import Any
 
 from dora.graph.settings_check import ENGINES_THAT_SLEEP
 from dora.rl.replica_instance import ReplicaInstance
+from dora.rl.rollout import POLICIES
 
 
 def shared_devices(driver, instances: list[ReplicaInstance]) -> "SharedDevices | None":
     """The RLDriver's generate replicas that share the trainer's devices by declared memory shares,
-    when they hand it their memory while it steps: K = 0 (nothing is generated then) and an engine
-    that can sleep. None when none do."""
+    when they hand it their memory while it steps: a colocated mode (nothing is generated then) and
+    an engine that can sleep. None when none do."""
     roles = driver.roles
-    if driver.cfg.max_staleness != 0 or driver.params[roles.generate]["engine"] not in ENGINES_THAT_SLEEP:
+    if not POLICIES[driver.cfg.mode].colocated or driver.params[roles.generate]["engine"] not in ENGINES_THAT_SLEEP:
         return None
     sharing = set(driver.ctrl.plan.sharing(roles.generate, roles.update))
     return SharedDevices(driver, [i for i in instances if i.replica in sharing]) if sharing else None
@@ -48,7 +50,7 @@ class SharedTotals:
     sleep_s: float = 0.0           # the sleeps before each step: what the trainer waits for
     wake_s: float = 0.0            # the wakes at each publish (the version's load is a weight load like any)
     bytes_released: int = 0        # weights + KV memory the replicas handed back
-    skipped_busy: int = 0          # a replica that still held requests at a step stayed awake (never expected at K = 0)
+    skipped_busy: int = 0          # a replica that still held requests at a step stayed awake (never expected in a colocated mode)
 
 
 class SharedDevices:

@@ -28,7 +28,8 @@ def step_record(*, step: int, version: int, sent: dict[str, Any], sm: dict[str, 
         "tokens_per_s": sent["tokens"] / step_time, "trajectories": len(sent["uids"]),
         "c1_violations": sm.get("c1_violations", 0), "c2_violations": sm.get("c2_violations", 0),
         "c3_violations": sm.get("c3_violations", 0), "versions_live": sm.get("versions_live", 0),
-        "migrated_requests": sm.get("migrated_requests", 0), "reprefill_tokens": sm.get("reprefill_tokens", 0),
+        "migrated_requests": sm.get("migrated_requests", 0), "fast_lane_requests": sm.get("fast_lane_requests", 0),
+        "reprefill_tokens": sm.get("reprefill_tokens", 0),
         "weight_loads": sm.get("weight_loads", 0), **{k: sm.get(k, 0) for k in ENGINE_COUNTERS + ENGINE_GAUGES},
         "response_len_max": lengths[-1],
         "response_len_median": lengths[len(lengths) // 2], "train_s": ev.get("seconds"),
@@ -55,6 +56,17 @@ def driver_step_record(d, step: int, version: int, sent: dict[str, Any], ev: dic
     return rec
 
 
+def write_step(d, step: int, version: int, sent: dict[str, Any], ev: dict[str, Any], now: float) -> dict[str, Any]:
+    """The step's line (metrics.jsonl and the loggers), its lengths (length_trace.jsonl), its sample of
+    trajectories (samples.jsonl) and the progress line, for RLDriver `d`; returns the line."""
+    rec = driver_step_record(d, step, version, sent, ev, now)
+    d.multiturn.step_trained(step, sent)   # RUN_DIR/length_trace.jsonl
+    d.metrics.write(rec)
+    d.metrics.write_samples([{"kind": "train", "step": step, **row} for row in sent.get("samples", [])])
+    d.progress.step(rec)
+    return rec
+
+
 def add_trainer_metrics(rec: dict[str, Any], metrics: dict[str, Any]) -> None:
     """The trainer's own metrics, under their names, or `train/<name>` where the name is taken."""
     for k, v in metrics.items():
@@ -78,4 +90,25 @@ def batch_summary(uids: list[str], rows: list[dict[str, Any]], sent_at: float) -
     return {"uids": uids, "sent_at": sent_at, "reward_mean": sum(rewards) / len(rewards) if rewards else None,
             "sources": source_means(rows),
             "tokens": sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows),
-            "response_tokens": [len(r["response_ids"]) for r in rows]}
+            "response_tokens": [len(r["response_ids"]) for r in rows],
+            "lengths": [(str(r["uid"]), str(r.get("group_id")), len(r["prompt_ids"]), len(r["response_ids"]))
+                        for r in rows]}   # (RUN_DIR/length_trace.jsonl: dora/rl/length_trace.py)
+
+
+SAMPLE_FIELDS = ("uid", "prompt", "response_text", "final_turn_text", "reward", "policy_version", "finish_reason")
+
+
+def sample_rows(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """`n` rows of a batch, evenly spread over it, as samples.jsonl keeps them (what the model wrote,
+    what it was scored)."""
+    if n <= 0 or not rows:
+        return []
+    picked = rows[::max(1, len(rows) // n)][:n]
+    out = []
+    for r in picked:
+        s = {k: r.get(k) for k in SAMPLE_FIELDS if k in r}
+        s["response"] = s.pop("response_text", None)
+        s["version"] = s.pop("policy_version", None)
+        s["response_tokens"] = len(r.get("response_ids") or [])
+        out.append(s)
+    return out

@@ -19,11 +19,11 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from dora.rl.step_record import batch_summary
+from dora.rl.step_record import batch_summary, sample_rows
 
 
 class TrainerFeed:
-    def __init__(self):
+    def __init__(self, samples_per_step: int = 0):
         self.scored: dict[str, dict[str, Any]] = {}        # uid -> scored row waiting for the trainer
         self.schema: pa.Schema | None = None
         self.pending: list[str] | None = None              # uids taken from the TransferQueue, not yet sent
@@ -32,6 +32,7 @@ class TrainerFeed:
         self.late_rows = 0                                 # scored rows of a retired attempt, dropped on arrival
         self.in_transit: dict[str, str] = {}               # uid -> generate replica it finished on, row not here yet
         self._waiting: tuple[int, float] | None = None     # (rows the pending batch misses, since when that many)
+        self.samples_per_step = samples_per_step           # rows of each batch kept for samples.jsonl
 
     def add(self, batch: pa.RecordBatch, is_open: Callable[[str], bool]) -> None:
         if self.schema is None:
@@ -88,6 +89,7 @@ class TrainerFeed:
             return None
         rows = [self.scored.pop(u) for u in self.pending]
         self.sent = batch_summary(self.pending, rows, time.monotonic())
+        self.sent["samples"] = sample_rows(rows, self.samples_per_step)
         self.pending = None
         self.batches_sent += 1
         return pa.RecordBatch.from_pylist(rows, schema=self.schema)

@@ -114,6 +114,7 @@ def prepare(d, why: str) -> dict[str, dict[str, Any]]:
     _close_segment(d, step)
     _generate_again(d, step, pending)
     _cut_files(d, step)
+    d.evaluations.rolled_back(step)   # evaluations of versions after it are gone with their lines
     d.initial_version = d.steps_done = d.feed.batches_sent = step
     d.feed.pending = d.feed.sent = None
     d.snapshot = None

@@ -42,6 +42,12 @@ class HostedVersions:
             return f"it would host versions {sorted(after)}, more than versions_per_instance = {self.limit}"
         return None
 
+    def switch_all(self, version: int) -> None:
+        """Every request here now runs on `version`, the only version hosted (an in-flight swap)."""
+        self.current = version
+        self.present = collections.Counter({version: sum(self.present.values())} if self.present else {})
+        self.running = collections.Counter({version: sum(self.running.values())} if self.running else {})
+
     def arrive(self, version: int) -> None:
         self.present[version] += 1
 

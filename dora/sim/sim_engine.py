@@ -9,7 +9,9 @@ imports stall decoding for their duration. KV, as a paged engine (vLLM) does it:
 admitted while used KV + its prompt stays under ADMIT_WATERMARK of capacity; KV grows by one token
 per running sequence per iteration (used = ctx_base + n * P, so the moment it fills is known in
 advance and is an event); when it is full the most recently admitted sequences are preempted
-(recompute: back to the queue front, re-prefilled when readmitted; counted in `preemptions`).
+(back to the queue front, counted in `preemptions`): recomputed (re-prefilled when readmitted), or
+with `offload_preempted` (SimConfig.kv_offload) their KV is copied to host memory and back when
+readmitted, at the host link's rate.
 Migrated requests (import_) that do not fit at once wait with their KV parked in host memory;
 admitting one later stalls decoding for the host -> GPU copy (`kv_reload_s`, counted in
 kv_import_s with the transfers).
@@ -36,7 +38,7 @@ from dora.rl.rollout.types import Finished
 from .virtual_clock import VirtualClock
 from .costmodel import CostModel
 from .hosted_versions import HostedVersions
-from .workloads import Turns
+from .workload_base import Turns
 
 
 ADMIT_WATERMARK = 0.95     # admit while used KV + the new prompt stays below this fraction
@@ -102,6 +104,7 @@ class SimEngine:
         self.tokens = 0
         self.reprefill_tokens = 0
         self.preemptions = 0
+        self.offload_preempted = False   # preempted requests keep their KV in host memory (else recomputed)
 
     # -- hosted versions ---------------------------------------------------------------------------
     @property
@@ -254,7 +257,14 @@ class SimEngine:
             done = min(s.turn_end - 1, s.done0 + int(self.P - s.p0))
             self._remove(s)
             self.tokens += done - s.done0
-            s.done0, s.has_kv, s.fresh = done, False, 0
+            s.done0, s.fresh = done, 0
+            if self.offload_preempted:                    # its KV goes to host memory, back when readmitted
+                t = self.cost.kv_reload_s((s.ctx) * self.cost.model.kv_bytes_per_token)
+                self._stall(t)
+                self.kv_import_s += t
+                s.has_kv = s.in_host = True
+            else:
+                s.has_kv = False
             self.queue[s.uid] = s
             self.queue.move_to_end(s.uid, last=False)
             self.preemptions += 1

@@ -15,9 +15,26 @@ from .sim_engine import SimEngine, SimSeq
 
 
 class SimInstance(SimEngine):
+    eval_aborted = None   # held-out evaluation requests aborted here go to this callback (dora/sim/sim_evals.py)
+
     # -- RolloutInstance -----------------------------------------------------------------------
+    def _abort_evals(self, keep: int | None) -> list[str]:
+        """As the generate op: evaluation requests of versions other than `keep` never stand in the way."""
+        uids = [u for u in (*self.running, *self.queue, *self.waiting)
+                if u.startswith("eval:") and (self.running.get(u) or self.queue.get(u) or self.waiting.get(u)).version != keep]
+        if uids:
+            self._advance()
+            for u in uids:
+                self._take_out(u, False)
+            self._versions_changed()
+            if self.eval_aborted is not None:
+                self.eval_aborted(uids)
+        return uids
+
     def load_version(self, v: int) -> None:
         problem = self.hv.problem_loading(v)
+        if problem and self._abort_evals(v):   # (older evaluation requests decode on while a weight slot allows)
+            problem = self.hv.problem_loading(v)
         if problem:
             raise RuntimeError(f"{self.name}: load_version({v}): {problem}")
         self._advance()
@@ -33,6 +50,25 @@ class SimInstance(SimEngine):
         if self.running or self.queue:
             self._admit()                         # a smaller KV room preempts what no longer fits
             self._reschedule()
+
+    def load_version_in_flight(self, v: int) -> None:
+        """PipelineRL's update: the weight load stalls the instance, then every request here goes on
+        with v, its KV kept (no re-prefill); the tokens it generates from now on are v's."""
+        self._advance()
+        t = self.cost.weight_load_s()
+        now = self.clock.now()
+        self.trace.span("rollout", self.name, f"swap v{v}", max(now, self.busy_until), max(now, self.busy_until) + t)
+        self._stall(t)
+        self.load_s += t
+        for s in [*self.running.values(), *self.queue.values(), *self.waiting.values()]:
+            fresh = s.uid in self.running and s.done0 == 0 and self.P - s.p0 < 1
+            if s.uid in self.running and not fresh:
+                s.versions = tuple(sorted({*s.versions, v}))   # its next tokens are v's
+            elif fresh:
+                s.versions = (v,)                              # admitted, nothing generated yet
+            s.version = v
+        self.hv.switch_all(v)
+        self._versions_changed()
 
     def submit(self, reqs: list[Request]) -> None:
         self._advance()
@@ -106,9 +142,10 @@ class SimInstance(SimEngine):
         self._reschedule()
 
     def interrupt_all(self) -> list[RequestState]:
-        self._advance()
-        out = [self._take_out(u, False) for u in [*self.running, *self.queue, *self.waiting]]
-        self.heap.clear()
+        self._advance()   # (held-out evaluation requests stay, as in the generate op)
+        out = [self._take_out(u, False) for u in [*self.running, *self.queue, *self.waiting] if not u.startswith("eval:")]
+        if not self.running:
+            self.heap.clear()   # (else entries of requests taken out are skipped as they come up)
         self._versions_changed()
         self._reschedule()
         return out

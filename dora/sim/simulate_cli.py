@@ -2,6 +2,7 @@
 
     dora simulate --workload dapo-math --model qwen2.5-32b --gpus 64 \
         --modes sync,one_step_off,partial,dora --steps 20 --seed 0 --json out.json [--out DIR]
+    dora simulate --trace RUN_DIR/length_trace.jsonl --sweep-k 1,2,3,5,10   # which K, on a run's lengths
 
 Prints a table and (with --json) writes a JSON array: one object per mode, then the `ideal` row.
 --out DIR writes a run folder per mode (DIR/<mode>: metrics.jsonl, summary.json, trace.json,
@@ -23,7 +24,9 @@ from dora.rl.rollout import POLICIES, RolloutConfig, RolloutConfigError
 MODES = POLICIES.names()   # every rollout mode, in listing order
 
 from .costmodel import MODELS, CostModel
-from .simulator import DEFAULT_VERSIONS, SimConfig, SimulationError, ideal, simulate, versions_problem
+from .simulator import (DEFAULT_FAST_LANES, DEFAULT_VERSIONS, SimConfig, SimulationError, ideal, placement,
+                        simulate, versions_problem)
+from .sweep_k import parse_ks, print_sweep, sweep
 from .workloads import WORKLOADS, WorkloadError, get_workload
 
 KEYS = ("mode", "step_time_s", "tokens_per_s", "rollout_only_fraction", "bubble_fraction", "staleness_max",
@@ -40,8 +43,8 @@ class _BadArgs(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="dora simulate", description="Simulate rollout modes (sync, one_step_off, partial, dora) "
-                "on a virtual cluster with the real orchestrator code.")
+    p = _Parser(prog="dora simulate", description="Simulate rollout modes (sync, one_step_off, partial, dora, the "
+                "published partial baselines) on a virtual cluster with the real orchestrator code.")
     p.add_argument("--workload", default="dapo-math", help=f"built-in workload: {', '.join(WORKLOADS)}")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="JSONL of {prompt_tokens, response_tokens} to resample instead of --workload")
@@ -51,10 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-staleness", type=int, default=3, help="K for dora and partial")
-    p.add_argument("--train-batch", type=int, default=8192, help="TBS, trajectories per training step")
+    p.add_argument("--train-batch", type=int, default=None,
+                   help="TBS, trajectories per training step (default 8192; with a run's length trace, its steps')")
     p.add_argument("--rollout-batch", type=int, default=0,
                    help="RBS, trajectories kept in flight (dora/partial; 0 = 1.5 x TBS)")
-    p.add_argument("--group-size", type=int, default=16, help="G, responses per prompt")
+    p.add_argument("--group-size", type=int, default=None,
+                   help="G, responses per prompt (default 16; with a run's length trace, its groups')")
+    p.add_argument("--sweep-k", default=None, metavar="K,K,...",
+                   help="for each K: dora and each partial baseline beside sync and the ideal; names the smallest "
+                        "K reaching 90%% of the ideal (--modes is not used)")
+    p.add_argument("--jobs", type=int, default=1, help="simulations run at once with --sweep-k (one process each)")
     p.add_argument("--train-gpus", type=int, default=0, help="trainer pool size for disaggregated modes (0 = balanced)")
     p.add_argument("--drop-groups", type=float, default=0.0, metavar="P",
                    help="fraction of finished groups a filter drops (DAPO dynamic sampling); replaced by new prompts")
@@ -63,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--versions-per-instance", type=int, default=DEFAULT_VERSIONS, metavar="M",
                    help="policy versions one rollout instance may hold at once (async.versions_per_instance, "
                         f"default {DEFAULT_VERSIONS}); dora mode packs old versions' stragglers beside the newest")
+    p.add_argument("--fast-lanes", type=int, default=DEFAULT_FAST_LANES, metavar="N",
+                   help="dora: at most N rollout instances serve as fast lanes for stragglers (async.fast_lanes; "
+                        f"default {DEFAULT_FAST_LANES}: as many as measured, 0: none)")
+    p.add_argument("--eval-every", type=int, default=0, metavar="N",
+                   help="held-out evaluation of version 0 and every N-th version (0: none), placed as a run places it")
+    p.add_argument("--eval-prompts", type=int, default=0, metavar="P",
+                   help="its requests per evaluation (one sample per prompt, lengths from the workload)")
     p.add_argument("--policy", action="append", default=[], metavar="NAME:WORKLOAD:TBS",
                    help="two or more: the policies share one rollout pool (dora/sim/two_policies.py); one row per "
                         "--splits entry, each policy trained --steps steps in --modes' first mode")
@@ -92,17 +108,35 @@ def _configs(a: argparse.Namespace) -> list[SimConfig]:
         raise _BadArgs(f"--train-gpus {a.train_gpus}: must leave at least one rollout group of {tp} GPUs out of {a.gpus}")
     if not 0 <= a.drop_groups < 1:
         raise _BadArgs(f"--drop-groups {a.drop_groups}: must be in [0, 1)")
-    _check_versions(a, get_workload(a.workload, a.trace))   # WorkloadError -> exit 2
+    if a.eval_every < 0 or a.eval_prompts < 0 or bool(a.eval_every) != bool(a.eval_prompts):
+        raise _BadArgs("--eval-every N and --eval-prompts P go together, both >= 1")
+    workload = get_workload(a.workload, a.trace)            # WorkloadError -> exit 2
+    _sizes_from(a, workload)
+    _check_versions(a, workload)
     out = []
     for m in modes:
         c = SimConfig(mode=m, model=a.model, gpus=a.gpus, steps=a.steps, seed=a.seed, train_batch=a.train_batch,
                       rollout_batch=a.rollout_batch, group_size=a.group_size, max_staleness=a.max_staleness,
                       workload=a.workload, trace_file=a.trace, train_gpus=a.train_gpus, drop_groups=a.drop_groups,
-                      elastic=a.elastic, versions_per_instance=a.versions_per_instance)
+                      elastic=a.elastic, versions_per_instance=a.versions_per_instance, fast_lanes=a.fast_lanes,
+                      eval_every=a.eval_every, eval_prompts=a.eval_prompts)
         RolloutConfig(mode=m, train_batch=c.train_batch, rollout_batch=c.rollout_batch, group_size=c.group_size,
-                      max_staleness=c.max_staleness).resolved()   # RolloutConfigError -> exit 2
+                      max_staleness=c.max_staleness, fast_lanes=c.fast_lanes).resolved()   # RolloutConfigError -> exit 2
+        _check_lanes(c)
         out.append(c)
     return out
+
+
+def _sizes_from(a: argparse.Namespace, workload) -> None:
+    """Train batch and group size: as given, else a length trace's (its smallest step, its groups), else
+    the paper's; a length trace refuses a batch larger than its steps or another group size."""
+    trace_g = getattr(workload, "group_size", None)
+    if a.group_size is None:
+        a.group_size = trace_g or 16
+    if a.train_batch is None:
+        a.train_batch = workload.per_step - workload.per_step % a.group_size if trace_g else 8192
+    if trace_g:
+        workload.check(a.train_batch, a.group_size)
 
 
 def _check_versions(a: argparse.Namespace, workload) -> None:
@@ -111,6 +145,15 @@ def _check_versions(a: argparse.Namespace, workload) -> None:
     problem = versions_problem(CostModel(MODELS[a.model]), workload, a.versions_per_instance)
     if problem:
         raise _BadArgs(f"--versions-per-instance {a.versions_per_instance}: {problem}")
+
+
+def _check_lanes(c: SimConfig) -> None:
+    """--fast-lanes must leave the newest version at least one of the mode's rollout instances."""
+    if c.fast_lanes > 0:
+        instances = placement(c, CostModel(MODELS[c.model]), get_workload(c.workload, c.trace_file))[0]
+        if c.fast_lanes >= instances:
+            raise _BadArgs(f"--fast-lanes {c.fast_lanes} leaves no rollout instance for the newest version: "
+                           f"{c.mode} runs {instances} instance(s) on {c.gpus} GPUs")
 
 
 def _trace_path(base: str, mode: str, many: bool) -> str:
@@ -128,6 +171,7 @@ def _print_table(rows: list[dict[str, Any]], title: str) -> None:
             ("ratio_to_ideal", "/ ideal"), ("rollout_only_fraction", "rollout-only"), ("bubble_fraction", "bubble"),
             ("overhead_fraction", "overhead"), ("staleness_max", "stale max"), ("c1_violations", "C1"),
             ("c2_violations", "C2"), ("c3_violations", "C3"), ("migrated_requests", "migrated"),
+            ("fast_lane_requests", "to lanes"),
             ("reprefill_tokens", "re-prefill tok")]
     for _, h in cols:
         t.add_column(h, justify="left" if h == "mode" else "right")
@@ -147,15 +191,20 @@ def _print_table(rows: list[dict[str, Any]], title: str) -> None:
 def simulate_main(argv: list[str] | None = None) -> int:
     try:
         a = build_parser().parse_args(argv)
+        ks = parse_ks(a.sweep_k) if a.sweep_k is not None else None
+        if ks:
+            a.modes = "dora"
         configs = _configs(a)
     except _BadArgs as e:
         print(f"dora simulate: error: {e}", file=sys.stderr)
         return 2
-    except (RolloutConfigError, WorkloadError) as e:
+    except (RolloutConfigError, WorkloadError, ValueError) as e:
         print(f"dora simulate: error: {e}", file=sys.stderr)
         return 2
     if a.policy:
         return policies_main(a, configs[0])
+    if ks:
+        return _sweep_main(a, configs[0], ks)
     rows: list[dict[str, Any]] = []
     for c in configs:
         trace = TraceWriter(enabled=bool(a.trace_out or a.out))
@@ -193,15 +242,31 @@ def simulate_main(argv: list[str] | None = None) -> int:
     rows.append(best)
     _print_table(rows, f"{configs[0].model}, {a.gpus} GPUs, {a.train_batch} trajectories/step (G={a.group_size}), "
                        f"K={a.max_staleness}, {a.steps} steps, {configs[0].workload if not a.trace else a.trace}")
-    if a.json:
+    return _write_json(a.json, rows)
+
+
+def _write_json(path: str | None, rows: list[dict[str, Any]]) -> int:
+    """--json FILE: the rows as a JSON array; 0, or 2 when it cannot be written."""
+    if path:
         try:
-            os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-            with open(a.json, "w") as f:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            with open(path, "w") as f:
                 json.dump(rows, f, indent=1)
         except OSError as e:
-            print(f"dora simulate: error: cannot write {a.json}: {e.strerror}", file=sys.stderr)
+            print(f"dora simulate: error: cannot write {path}: {e.strerror}", file=sys.stderr)
             return 2
     return 0
+
+
+def _sweep_main(a: argparse.Namespace, base: SimConfig, ks: list[int]) -> int:
+    try:
+        rows = sweep(base, ks, max(1, a.jobs))
+    except SimulationError as e:
+        print(f"dora simulate: the K sweep failed: {e}", file=sys.stderr)
+        return 1
+    print_sweep(rows, f"{base.model}, {a.gpus} GPUs, {a.train_batch} trajectories/step (G={a.group_size}), "
+                      f"{a.steps} steps, {a.trace or a.workload}: dora per K against sync and the partial baselines")
+    return _write_json(a.json, rows)
 
 
 def policies_main(a: argparse.Namespace, cfg: SimConfig) -> int:
@@ -227,10 +292,7 @@ def policies_main(a: argparse.Namespace, cfg: SimConfig) -> int:
                         f"{q['instances_held']:.1f} instances, C1-C3 {q['c1_violations']}/{q['c2_violations']}/"
                         f"{q['c3_violations']}" for u, q in r["policies"].items())
         print(f"{r['split']:>6}: all done at {r['makespan_s']:,.0f} s, {r['instances_moved']} instances moved  |  {per}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    return 0
+    return _write_json(a.json, rows)
 
 
 if __name__ == "__main__":

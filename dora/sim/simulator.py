@@ -1,10 +1,11 @@
 """The cluster simulator: the real RolloutController driven on a VirtualClock by SimInstances
 and a SimTrainer whose costs come from the cost model.
 
-Placement: `sync` is colocated (every GPU generates, then every GPU trains; the controller's
-barrier guarantees they never overlap, and the simulator checks it). The other modes are
-disaggregated: a trainer pool and a rollout pool, split in proportion to their expected work per
-step (`--train-gpus` overrides), identical for one_step_off, partial and dora.
+Placement: a mode whose policy is `colocated` (sync, partial_colocated) shares every GPU: every
+GPU generates, then every GPU trains (the policy's barrier guarantees they never overlap, and the
+simulator checks it at each step's start). The other modes are disaggregated: a trainer pool and
+a rollout pool, split in proportion to their expected work per step (`--train-gpus` overrides),
+identical for every disaggregated mode.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from dora.rl.rollout import POLICIES, RolloutConfig, RolloutController
 from .virtual_clock import VirtualClock
 from .costmodel import MODELS, CostModel
 from .elastic_devices import ElasticDevices
+from .sim_evals import SimEvals
 from .sim_instance import SimInstance
 from .trainer import SimTrainer
 from .workloads import PromptSource, Workload, get_workload, response_tokens
 
 
 DEFAULT_VERSIONS: int = AsyncConfig.__dataclass_fields__["versions_per_instance"].default   # declared once there
+DEFAULT_FAST_LANES: int = AsyncConfig.__dataclass_fields__["fast_lanes"].default
 ROLLOUT_EFFICIENCY = 0.85   # assumed rollout pool vs full-batch decode bound; only picks the (shared) split
 
 
@@ -56,6 +59,10 @@ class SimConfig:
     drop_groups: float = 0.0        # DAPO dynamic sampling: this fraction of finished groups is dropped (seeded)
     elastic: bool = False           # trainer devices serve rollout while the trainer waits (every mode; sync has none)
     versions_per_instance: int = DEFAULT_VERSIONS   # M: versions one rollout instance may host at once
+    fast_lanes: int = DEFAULT_FAST_LANES            # instances fast lanes may take (-1: as measured, 0: none)
+    kv_offload: bool = False        # preempted requests' KV goes to host memory instead of being recomputed
+    eval_every: int = 0             # held-out evaluation of version 0 and every N-th version (0: none)
+    eval_prompts: int = 0           # its requests (one sample per prompt, lengths from the workload)
 
 
 def versions_problem(cost: CostModel, workload: Workload, versions: int) -> str | None:
@@ -70,7 +77,7 @@ def placement(cfg: SimConfig, cost: CostModel, workload: Workload) -> tuple[int,
     tp = cost.model.tp
     if cfg.gpus < tp or cfg.gpus % tp:
         raise ValueError(f"--gpus {cfg.gpus} must be a positive multiple of the rollout TP size {tp} ({cost.model.name})")
-    if POLICIES[cfg.mode].staleness == 0:   # rollout and training never overlap: they share every GPU
+    if POLICIES[cfg.mode].colocated:   # rollout and training never overlap: they share every GPU
         return cfg.gpus // tp, cfg.gpus, True
     if cfg.train_gpus:
         train = cfg.train_gpus
@@ -157,6 +164,7 @@ class _Sim:
     elastic: ElasticDevices
     train_gpus: int
     colocated: bool
+    evals: SimEvals | None = None
 
     def busy_snapshot(self) -> dict[str, float]:
         """Cumulative device-seconds busy (rollout, overhead, training), tokens and rollout-only time now."""
@@ -178,11 +186,16 @@ def simulate(cfg: SimConfig, trace: TraceWriter | None = None, observer=None) ->
         raise ValueError(f"unknown model {cfg.model!r}; expected one of {', '.join(MODELS)}")
     if cfg.steps < 1:
         raise ValueError(f"--steps must be >= 1, got {cfg.steps}")
-    problem = versions_problem(CostModel(MODELS[cfg.model]), get_workload(cfg.workload, cfg.trace_file),
-                               cfg.versions_per_instance)
+    workload = get_workload(cfg.workload, cfg.trace_file)
+    if hasattr(workload, "check"):            # a run's length trace: its steps and groups bound ours
+        workload.check(cfg.train_batch, cfg.group_size)
+    problem = versions_problem(CostModel(MODELS[cfg.model]), workload, cfg.versions_per_instance)
     if problem:
         raise ValueError(f"versions_per_instance {cfg.versions_per_instance}: {problem}")
     sim = _build(cfg, trace or TraceWriter(enabled=False))
+    if cfg.fast_lanes >= len(sim.instances):
+        raise ValueError(f"fast_lanes {cfg.fast_lanes} leaves no rollout instance for the newest version: "
+                         f"{cfg.mode} runs {len(sim.instances)} instance(s) on {cfg.gpus} GPUs")
     if observer is not None:
         observer(sim.ctl, sim.trainer, sim.instances)
     warm = max(1, cfg.steps // 5) if cfg.steps >= 3 else 0   # steps before the measured window
@@ -197,15 +210,20 @@ def _build(cfg: SimConfig, trace: TraceWriter) -> _Sim:
     clock = VirtualClock()
     rcfg = RolloutConfig(mode=cfg.mode, train_batch=cfg.train_batch, rollout_batch=cfg.rollout_batch,
                          group_size=cfg.group_size, max_staleness=cfg.max_staleness,
-                         versions_per_instance=cfg.versions_per_instance, **cfg.rollout).resolved()
+                         versions_per_instance=cfg.versions_per_instance, fast_lanes=cfg.fast_lanes,
+                         **cfg.rollout).resolved()
     prompts = PromptSource(workload, cfg.group_size, cfg.seed)
     holder: dict[str, RolloutController] = {}
     on_finished = _dropping(holder, cfg)       # one for all instances (one filter, one seeded stream)
+    if cfg.eval_every and cfg.eval_prompts:    # held-out evaluation requests go to EvalWork, not the books
+        training_finished = on_finished
+        on_finished = lambda name, done: training_finished(name, holder["e"].on_finished(done))   # noqa: E731
     instances = [SimInstance(f"rollout{i}", cost, clock, on_finished, trace) for i in range(n_inst)]
     for i in instances:
         i.slots = cfg.max_batch or i.slots
         i.kv_capacity = cfg.kv_tokens or i.kv_capacity
         i.hv.limit = cfg.versions_per_instance
+        i.offload_preempted = cfg.kv_offload
     ctl = holder["c"] = RolloutController(rcfg, instances, prompts, clock, trace)
 
     def colocation_check() -> None:
@@ -218,9 +236,16 @@ def _build(cfg: SimConfig, trace: TraceWriter) -> _Sim:
     for i in lendable:
         i.slots = cfg.max_batch or i.slots
         i.hv.limit = cfg.versions_per_instance
+        i.offload_preempted = cfg.kv_offload
     elastic = ElasticDevices(ctl, cost, clock, train_gpus, lendable)
     trainer.blocked = elastic.blocked
-    return _Sim(cfg, cost, clock, ctl, trainer, instances, lendable, elastic, train_gpus, colocated)
+    evals = None
+    if cfg.eval_every and cfg.eval_prompts:
+        evals = holder["e"] = SimEvals(ctl, workload, cfg.eval_every, cfg.eval_prompts, cfg.seed)
+        trainer.before_publish = evals.published
+        for i in instances + lendable:
+            i.eval_aborted = evals.on_aborted
+    return _Sim(cfg, cost, clock, ctl, trainer, instances, lendable, elastic, train_gpus, colocated, evals)
 
 
 def _drive(sim: _Sim, warm: int) -> dict[str, float]:
@@ -231,6 +256,8 @@ def _drive(sim: _Sim, warm: int) -> dict[str, float]:
         ctl.tick()
         clock.call_later(cfg.tick_s, tick)
 
+    if sim.evals is not None:
+        sim.evals.published(0)   # before training (sync: before the first batch)
     ctl.start()
     clock.call_later(cfg.tick_s, tick)
     snap = sim.busy_snapshot() if warm == 0 else {}
@@ -272,10 +299,13 @@ def _results(sim: _Sim, warm: int, snap: dict[str, float], end: dict[str, float]
         "c1_violations": summary["c1_violations"], "c2_violations": summary["c2_violations"],
         "c3_violations": summary["c3_violations"],
         "versions_live_max": max(m.versions_live for m in sm),
-        "migrated_requests": summary["migrated_requests"], "reprefill_tokens": summary["reprefill_tokens"],
+        "migrated_requests": summary["migrated_requests"], "fast_lane_requests": summary["fast_lane_requests"],
+        "siblings_started_newest": summary["siblings_started_newest"],
+        "reprefill_tokens": summary["reprefill_tokens"],
         "weight_loads": summary["weight_loads"], "rebalances": summary["rebalances"],
         "total_time_s": end["t"], "trajectories_trained": summary["trained"],
         "in_flight_at_end": summary["in_flight_at_end"], "finished_untrained": summary["finished_untrained"],
         "lost": summary["lost"], "dropped": summary["dropped"], "elastic": bool(sim.lendable),
-        "elastic_lends": sim.elastic.lends, "per_step": [m.to_dict() for m in sm],
+        "elastic_lends": sim.elastic.lends, "preemptions": sum(i.preemptions for i in sim.instances + sim.lendable),
+        "per_step": [m.to_dict() for m in sm], **(sim.evals.results() if sim.evals is not None else {}),
     }

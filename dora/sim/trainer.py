@@ -21,6 +21,7 @@ class SimTrainer:
         self.busy = False
         self.publishing = False
         self.blocked: Callable[[], bool] = lambda: False     # elastic: devices lent out or coming back
+        self.before_publish: Callable[[int], None] = lambda v: None   # held-out evaluations (sim_evals.py)
         self.step = 0
         self.version = 0
         self.train_s = 0.0
@@ -31,9 +32,9 @@ class SimTrainer:
     def maybe_start(self) -> None:
         if self.busy or self.blocked() or not self.c.trainer_ready():
             return
+        batch = self.c.take_batch()          # (a colocated mode stops its rollout at the take)
         if self.before_step:
             self.before_step()
-        batch = self.c.take_batch()
         tokens = sum(t.prompt_tokens + t.response_tokens for t in batch)
         dur = self.cost.train_s(tokens, self.gpus)
         self.busy = True
@@ -60,4 +61,5 @@ class SimTrainer:
 
     def _published(self, v: int) -> None:
         self.publishing = False
+        self.before_publish(v)
         self.c.on_published(v)

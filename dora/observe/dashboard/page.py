@@ -9,7 +9,10 @@ What it draws, and the hooks a test reads:
   #timeline    a row per generate replica, `rect.seg[data-version]` coloured by version,
                `path.load` per weight load, `path.mig` per migration (out: up, in: down)
   #curves      reward, tokens/s, staleness (max, mean), step time, rollout-only share, versions live,
-               multi-turn, prompt tokens (prefilled, prefix hits), KV blocks (used, free)
+               requests migrated (and into fast lanes), multi-turn, prompt tokens (prefilled, prefix hits),
+               KV blocks (used, free); a line per policy
+  #evals       a chart per held-out set (mean reward and pass@1 against the version evaluated)
+  #samples     the latest samples: what the model wrote and what it was scored (training and eval)
   body[data-updates]  how many snapshots were drawn (the page polls every POLL_MS)
 """
 
@@ -39,8 +42,11 @@ td.l,th.l{text-align:left}
 .kv{display:inline-block;width:70px;height:8px;background:#eee;border-radius:4px;vertical-align:middle;margin-right:5px;overflow:hidden}
 .kv i{display:block;height:100%;background:#7a56a6}
 #timeline svg,#curves svg{display:block}
-#curves{display:grid;grid-template-columns:repeat(auto-fill,minmax(300px,1fr));gap:10px}
-#curves h2{grid-column:1/-1;margin:0}
+#curves,#evals{display:grid;grid-template-columns:repeat(auto-fill,minmax(300px,1fr));gap:10px}
+#curves h2,#evals h2{grid-column:1/-1;margin:0}
+#evals svg{display:block}
+#samples td{white-space:normal;vertical-align:top}
+#samples td.text{font-family:Menlo,Consolas,monospace;font-size:11.5px;text-align:left;max-width:520px;word-break:break-all}
 .chart{border:1px solid #f0f0ec;border-radius:6px;padding:4px}
 .legend span{display:inline-block;margin-right:10px}
 .empty{color:#999;font-style:italic}
@@ -55,6 +61,8 @@ BODY = """
 <section><h2>Policy versions per generate replica <span class="sub">(colour = version hosted;
 &#9660; weight load, &#9650;/&#9660; grey: requests migrated out/in)</span></h2><div id="tl-legend" class="legend"></div><div id="timeline"></div></section>
 <section id="curves"><h2>Curves (per training step)</h2></section>
+<section id="evals"><h2>Held-out evaluation <span class="sub">(per set, against the version evaluated)</span></h2></section>
+<section><h2>Latest samples <span class="sub">(RUN_DIR/samples.jsonl)</span></h2><div id="samples"></div></section>
 </main>
 """
 
@@ -211,6 +219,7 @@ const CURVES = [
   ['step time (s)', [['step_time_s', 'step time']]],
   ['rollout-only share', [['rollout_only_share', 'trainer waiting']]],
   ['versions live', [['versions_live', 'versions']]],
+  ['requests moved', [['migrated_requests', 'migrated'], ['fast_lane_requests', 'into fast lanes']]],
   ['multi-turn', [['turns_mean', 'turns mean'], ['tool_wait_s', 'tool wait s']]],
   ['prompt tokens', [['prefill_tokens', 'prefilled'], ['prefix_hit_tokens', 'prefix hits']]],
   ['KV blocks', [['kv_blocks_used', 'used'], ['kv_blocks_free', 'free']]],
@@ -232,10 +241,22 @@ function drawCurves(s) {
   const policies = [...new Set(steps.map(p => p.policy).filter(p => p))];
   CURVES.forEach(([title, plain], i) => {
     const series = policies.length ? policies.flatMap(u => plain.map(([k, label]) => [k, u + ' ' + label, u])) : plain;
-    const W = 300, H = 150, L = 44, R = 8, T = 18, B = 20;
-    const svg = svgEl('svg', {width: '100%%', height: H, viewBox: '0 0 ' + W + ' ' + H, 'font-size': 10, 'data-curve': series[0][0]});
-    svg.appendChild(svgEl('text', {x: L, y: 12, 'font-weight': 600, fill: '#333'}, title));
     const pts = series.map(([k, , u]) => steps.filter(p => (!u || p.policy === u) && p[k] !== null && p[k] !== undefined && isFinite(p[k])).map(p => [p.step, p[k]]));
+    const colours = series.map((x, j) => LINE_COLOURS[(policies.length ? policies.indexOf(x[2]) : j) %% LINE_COLOURS.length]);
+    const dashed = series.map((x, j) => policies.length ? j %% plain.length : j);
+    const holder = $('chart-' + i);
+    holder.innerHTML = '';
+    holder.appendChild(lineChart(title, series.map(x => x[1]), pts, 'step', series[0][0], colours, dashed));
+  });
+}
+
+// one chart: a line per label (colours and dashes: a colour per series unless given, every line but the first dashed)
+function lineChart(title, labels, pts, xname, key, colours, dashed) {
+    colours = colours || labels.map((_, j) => LINE_COLOURS[j %% LINE_COLOURS.length]);
+    dashed = dashed || labels.map((_, j) => j);
+    const W = 300, H = 150, L = 44, R = 8, T = 18, B = 20;
+    const svg = svgEl('svg', {width: '100%%', height: H, viewBox: '0 0 ' + W + ' ' + H, 'font-size': 10, 'data-curve': key});
+    svg.appendChild(svgEl('text', {x: L, y: 12, 'font-weight': 600, fill: '#333'}, title));
     const all = pts.flat();
     if (!all.length) {
       svg.appendChild(svgEl('text', {x: W / 2, y: H / 2, 'text-anchor': 'middle', fill: '#999'}, 'no data'));
@@ -248,26 +269,52 @@ function drawCurves(s) {
       svg.appendChild(svgEl('path', {d: 'M' + L + ',' + T + ' L' + L + ',' + (H - B) + ' L' + (W - R) + ',' + (H - B), stroke: '#bbb', fill: 'none'}));
       svg.appendChild(svgEl('text', {x: L - 4, y: T + 4, 'text-anchor': 'end', fill: '#777'}, num(y1)));
       svg.appendChild(svgEl('text', {x: L - 4, y: H - B, 'text-anchor': 'end', fill: '#777'}, num(y0)));
-      svg.appendChild(svgEl('text', {x: L, y: H - 5, fill: '#777'}, 'step ' + x0));
-      svg.appendChild(svgEl('text', {x: W - R, y: H - 5, 'text-anchor': 'end', fill: '#777'}, 'step ' + x1));
+      svg.appendChild(svgEl('text', {x: L, y: H - 5, fill: '#777'}, xname + ' ' + x0));
+      svg.appendChild(svgEl('text', {x: W - R, y: H - 5, 'text-anchor': 'end', fill: '#777'}, xname + ' ' + x1));
       pts.forEach((p, j) => {
         if (!p.length) return;
-        const colour = LINE_COLOURS[(policies.length ? policies.indexOf(series[j][2]) : j) %% LINE_COLOURS.length];
-        const dashed = policies.length ? j %% plain.length : j;
         svg.appendChild(svgEl('polyline', {'class': 'curve', points: p.map(q => X(q[0]).toFixed(1) + ',' + Y(q[1]).toFixed(1)).join(' '),
-          fill: 'none', stroke: colour, 'stroke-width': 1.6, 'stroke-dasharray': dashed ? '4 3' : ''}));
+          fill: 'none', stroke: colours[j], 'stroke-width': 1.6, 'stroke-dasharray': dashed[j] ? '4 3' : ''}));
         const last = p[p.length - 1];
-        svg.appendChild(svgEl('text', {x: W - R, y: T + 12 * j, 'text-anchor': 'end', fill: colour}, series[j][1] + ' ' + num(last[1])));
+        svg.appendChild(svgEl('text', {x: W - R, y: T + 12 * j, 'text-anchor': 'end', fill: colours[j]}, labels[j] + ' ' + num(last[1])));
       });
     }
-    const holder = $('chart-' + i);
-    holder.innerHTML = '';
-    holder.appendChild(svg);
+    return svg;
+}
+
+function drawEvals(s) {
+  const box = $('evals'), evals = s.evals || [];
+  const sets = [...new Set(evals.map(e => e.set))];
+  box.querySelectorAll('.chart,.empty').forEach(x => x.remove());
+  if (!sets.length) {
+    const d = document.createElement('div'); d.className = 'empty';
+    d.textContent = 'no held-out set evaluated yet (declare one under eval: in the pipeline)'; box.appendChild(d); return;
+  }
+  sets.forEach(name => {
+    const rows = evals.filter(e => e.set === name).sort((a, b) => a.version - b.version);
+    const series = ['mean_reward', 'pass@1'];
+    const pts = series.map(k => rows.filter(e => e[k] !== null && e[k] !== undefined).map(e => [e.version, e[k]]));
+    const d = document.createElement('div'); d.className = 'chart'; d.dataset.set = name;
+    d.appendChild(lineChart(name, ['mean reward', 'pass@1'], pts, 'version', 'eval/' + name));
+    box.appendChild(d);
   });
 }
 
+function drawSamples(s) {
+  const rows = (s.samples || []).slice().reverse();
+  if (!rows.length) { $('samples').innerHTML = '<div class="empty">no sample yet</div>'; return; }
+  const cut = (t, n) => { t = t === null || t === undefined ? '' : String(t); return t.length > n ? t.slice(0, n) + '\u2026' : t; };
+  let h = '<table><tr><th class="l">kind</th><th>step</th><th>version</th><th class="l">prompt</th><th class="l">response</th><th>reward</th><th class="l">finish</th></tr>';
+  rows.forEach(r => {
+    h += '<tr class="sample"><td class="l">' + esc(r.kind + (r.set ? ' ' + r.set : '')) + '</td><td>' + esc(r.step) + '</td><td>' + esc(r.version) +
+      '</td><td class="text">' + esc(cut(r.prompt, 160)) + '</td><td class="text">' + esc(cut(r.final_turn_text || r.response, 240)) +
+      '</td><td>' + num(r.reward) + '</td><td class="l">' + esc(r.finish_reason || '') + '</td></tr>';
+  });
+  $('samples').innerHTML = h + '</table>';
+}
+
 function render(s) {
-  drawHeader(s); drawFigure(s); drawReplicas(s); drawTimeline(s); drawCurves(s);
+  drawHeader(s); drawFigure(s); drawReplicas(s); drawTimeline(s); drawCurves(s); drawEvals(s); drawSamples(s);
   updates += 1; lastUpdate = Date.now();
   stateTime = s.run.updated_at ? s.run.updated_at * 1000 : null; stateStatus = s.run.status;
   document.body.dataset.updates = updates;

@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from dora.observe.dashboard.state import STATE_FILE, encode, make_state, steps_section
+from dora.observe.dashboard.state import SHOWN_SAMPLES, STATE_FILE, encode, make_state, steps_section
 from dora.observe.dashboard.timeline import timeline_of_trace
 
 RUN_MARKERS = (STATE_FILE, "metrics.jsonl", "summary.json")
@@ -66,8 +66,29 @@ def load_state(run_dir: str) -> dict[str, Any]:
             state["steps"] = steps_section(metrics)
             if state["steps"]:
                 state["run"]["step"] = state["steps"][-1]["step"]
-        return state
-    return _state_from_files(run_dir, metrics or [])
+    else:
+        state = _state_from_files(run_dir, metrics or [])
+    state["evals"] = read_jsonl(p("eval.jsonl")) if os.path.exists(p("eval.jsonl")) else []
+    state["samples"] = tail_jsonl(p("samples.jsonl"), SHOWN_SAMPLES)
+    return state
+
+
+def tail_jsonl(path: str, n: int, chunk: int = 1 << 16) -> list[dict[str, Any]]:
+    """The last n records of a jsonl file, reading only its end (samples.jsonl grows with the run)."""
+    if not os.path.exists(path):
+        return []
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        size = fh.tell()
+        fh.seek(max(0, size - chunk))
+        lines = fh.read().decode("utf-8", errors="replace").splitlines()[-n - 1:]
+    out = []
+    for line in lines[-n:]:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue   # (the first line of the chunk may be cut)
+    return out
 
 
 def _state_from_files(run_dir: str, metrics: list[dict[str, Any]]) -> dict[str, Any]:
@@ -107,7 +128,8 @@ class FolderState:
         self.body = b""
 
     def __call__(self) -> bytes:
-        key = tuple(_mtime(os.path.join(self.run_dir, m)) for m in (STATE_FILE, "metrics.jsonl", "trace.json"))
+        key = tuple(_mtime(os.path.join(self.run_dir, m)) for m in (STATE_FILE, "metrics.jsonl", "trace.json",
+                                                                     "eval.jsonl", "samples.jsonl"))
         if key != self.key:
             self.body, self.key = encode(load_state(self.run_dir)), key
         return self.body

@@ -16,7 +16,10 @@ kept in RUN_DIR/state.json, so the live page and `dora dashboard RUN_DIR` read t
                                migrations [[t, v, +in/-out requests, peers]]}], versions}
      "steps":    [{step, policy_version, reward_mean, tokens_per_s, staleness_max, staleness_mean,
                    step_time_s, rollout_only_s, rollout_only_share, versions_live, wall_s, turns_mean,
-                   tool_wait_s, prefill_tokens, prefix_hit_tokens, kv_blocks_used, kv_blocks_free}]}
+                   tool_wait_s, migrated_requests, fast_lane_requests, prefill_tokens, prefix_hit_tokens,
+                   kv_blocks_used, kv_blocks_free}],
+     "evals":    [eval.jsonl's lines: {version, set, mean_reward, pass@1, ...}]
+     "samples":  [the newest SHOWN_SAMPLES lines of samples.jsonl]}
 A run of several policies (dora/graph/policies.py) adds `policy` to each step (its keys unprefixed)
 and to each timeline row: the page draws a curve per policy and labels the rows.
 
@@ -42,9 +45,11 @@ SNAPSHOT_EVERY_S = 1.0    # the page asks once a second; a fresher snapshot woul
 WRITE_EVERY_S = 2.0       # RUN_DIR/state.json, for `dora dashboard RUN_DIR` on a run still going
 RATE_WINDOW_S = 3.0       # edge and token rates: counts over the last few seconds
 MAX_STEPS = 2000          # longer runs are thinned evenly (the last step always kept)
+SHOWN_SAMPLES = 12        # the page's "latest samples" table
 STEP_KEYS = ("step", "policy_version", "reward_mean", "tokens_per_s", "staleness_max", "staleness_mean",
              "step_time_s", "rollout_only_s", "versions_live", "wall_s", "turns_mean", "tool_wait_s",
-             "prefill_tokens", "prefix_hit_tokens", "kv_blocks_used", "kv_blocks_free")
+             "migrated_requests", "fast_lane_requests", "prefill_tokens", "prefix_hit_tokens", "kv_blocks_used",
+             "kv_blocks_free")
 
 
 def steps_section(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -67,9 +72,11 @@ def steps_section(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def make_state(run: dict[str, Any], fig: dict[str, Any], edges: list[dict[str, Any]], replicas: list[dict[str, Any]],
-               timeline: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
+               timeline: dict[str, Any], steps: list[dict[str, Any]], evals: list[dict[str, Any]] = (),
+               samples: list[dict[str, Any]] = ()) -> dict[str, Any]:
     return {"format": FORMAT, "run": run, "graph": {k: fig[k] for k in ("svg", "width", "height")},
-            "nodes": fig["nodes"], "edges": edges, "replicas": replicas, "timeline": timeline, "steps": steps}
+            "nodes": fig["nodes"], "edges": edges, "replicas": replicas, "timeline": timeline, "steps": steps,
+            "evals": list(evals), "samples": list(samples)[-SHOWN_SAMPLES:]}
 
 
 def write_state(run_dir: str, state: dict[str, Any] | bytes) -> str:
@@ -139,6 +146,9 @@ class RunState:
         self.started_at = time.time()
         self.rates = Rates(self.t0)
         self.seen_at: dict[str, float] = {}      # worker label -> live_at of the last sample taken
+        # a respawned replica's process counts from 0: what its predecessors sent stays in the edge's total
+        self.last_out: dict[str, tuple[Any, dict[str, list[int]]]] = {}   # label -> (its record, out counts)
+        self.carried: dict[tuple[str, str], list[int]] = collections.defaultdict(lambda: [0, 0, 0])
         self.timeline = Timeline()
         self.due = self.write_due = 0.0
         self.status = "starting"
@@ -187,8 +197,9 @@ class RunState:
                "updated_at": time.time(), "step": steps[-1]["step"] if steps else 0, "total_steps": self.total_steps,
                "run_dir": os.path.abspath(self.run_dir), "error": self.error,
                "dashboard_cpu_s": round(self.build_cpu_s + self.server_cpu_s, 4)}
+        m = self.metrics
         return make_state(run, self.fig, self._edges(workers, now), self._replicas(ctrl, workers, now),
-                          self._timeline(), steps)
+                          self._timeline(), steps, getattr(m, "evals", []), getattr(m, "latest_samples", []))
 
     def _sample(self, w: Any) -> None:
         live = w.live
@@ -205,19 +216,17 @@ class RunState:
             by_node[w.node].append(w)
         out = []
         g = self.graph
+        outs = {w.label: self._out_counts(w) for w in workers}
         for fe in self.fig["edges"]:
             e = dict(fe)
             if fe["kind"] == "data":
                 edge = self.edge_of[fe["id"]]
-                tot, rate, queued = [0, 0, 0], [0.0, 0.0, 0.0], 0
+                tot, rate, queued = list(self.carried[(edge.src, edge.label)]), [0.0, 0.0, 0.0], 0
                 for w in by_node.get(edge.src, []):
-                    c = ((w.live or {}).get("out") or {}).get(edge.label)
-                    final = (w.stats.get("out") or {}).get(edge.label) if w.state == "finished" else None
-                    if isinstance(final, dict):   # a finished replica reported its exact totals
-                        c = [final.get("batches", 0), final.get("rows", 0), final.get("bytes", 0), 0]
-                    if isinstance(c, list) and len(c) == 4:
-                        tot = [a + int(b or 0) for a, b in zip(tot, c[:3])]
-                        queued += int(c[3] or 0)
+                    c = outs.get(w.label, {}).get(edge.label)
+                    if c is not None:
+                        tot = [a + b for a, b in zip(tot, c[:3])]
+                        queued += c[3]
                     r = self.rates.rate((w.label, edge.label), now)
                     if r:
                         rate = [a + b for a, b in zip(rate, r)]
@@ -234,6 +243,25 @@ class RunState:
                          loads=getattr(d, "weight_loads", 0))
             out.append(e)
         return out
+
+    def _out_counts(self, w: Any) -> dict[str, list[int]]:
+        """Per out edge [batches, rows, bytes, queued] of replica w: its exact totals once finished,
+        else its latest live counters; a predecessor's last counts (w was respawned) carried over."""
+        counts = {}
+        live = (w.live or {}).get("out")
+        for edge, c in (live.items() if isinstance(live, dict) else ()):
+            if isinstance(c, list) and len(c) == 4:
+                counts[edge] = [int(x or 0) for x in c]
+        for edge, final in ((w.stats.get("out") or {}).items() if w.state == "finished" else ()):
+            if isinstance(final, dict):
+                counts[edge] = [int(final.get(k, 0) or 0) for k in ("batches", "rows", "bytes")] + [0]
+        before, seen = self.last_out.get(w.label, (w, {}))
+        if before is not w:
+            for edge, c in seen.items():
+                self.carried[(w.node, edge)] = [a + b for a, b in zip(self.carried[(w.node, edge)], c[:3])]
+            seen = {}
+        self.last_out[w.label] = (w, counts or seen)
+        return counts
 
     def _replicas(self, ctrl: Any, workers: list[Any], now: float) -> list[dict[str, Any]]:
         failure = getattr(ctrl, "failure", None) if ctrl is not None else None

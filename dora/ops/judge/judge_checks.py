@@ -38,7 +38,7 @@ def check_params(p: dict[str, Any]) -> list[tuple[str, str]]:
 
 def model_section_problems(model: dict[str, Any], engine: str) -> list[tuple[str, str]]:
     """A node's own `model:` section (a judge's, a reward model's), checked as the pipeline's is."""
-    from dora.ops.models import model_problems   # (only for a node that names a model of its own)
+    from dora.ops.model_section import model_problems   # (only for a node that names a model of its own)
 
     problems = [(f"model.{key}" if key else "model", msg) for key, msg in model_problems(model)]
     if not problems and engine == "torch":

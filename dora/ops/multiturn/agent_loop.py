@@ -32,6 +32,7 @@ import dataclasses
 from typing import Any
 
 from dora.ops.engines.engine import Completion, Engine, SamplingRequest, SequenceState
+from dora.ops.eval_data import eval_sampling
 from dora.ops.multiturn.trajectory import Trajectory
 from dora.ops.tools.tool_parsers import Parsed, make_parser
 from dora.ops.tools.tool_registry import build_tools
@@ -117,10 +118,11 @@ class AgentLoop:
     # ------------------------------------------------------------------ the engine requests (one place)
     def _request(self, uid: str, traj: Trajectory, row: dict[str, Any], version: int,
                  extra_meta: dict[str, Any] | None = None) -> SamplingRequest:
+        s = eval_sampling(row, {**self.sampling, "max_tokens": self.max_tokens})   # (a held-out set's own)
         return SamplingRequest(uid=uid, prompt_ids=traj.context(), version=version,
-                               max_tokens=max(1, min(self.max_tokens, traj.room)), stop_ids=self.stop_ids,
+                               max_tokens=max(1, min(s.pop("max_tokens"), traj.room)), stop_ids=self.stop_ids,
                                meta={"row": row, "traj": traj.to_dict(), **(extra_meta or {})},
-                               keep_kv=self.park, continues=uid if self.park and traj.turns else None, **self.sampling)
+                               keep_kv=self.park, continues=uid if self.park and traj.turns else None, **s)
 
     def _submit(self, uid: str, traj: Trajectory, row: dict[str, Any], version: int) -> None:
         self.engine.submit(self._request(uid, traj, row, version))
@@ -182,6 +184,14 @@ class AgentLoop:
             self.finished += self._on_observation(uid, TurnOutcome(**meta["tool_wait"]["outcome"]))
         else:
             self.runner.submit(uid, calls)
+
+    def tool_failures(self) -> dict[str, int]:
+        """Failed tool calls by kind (timeout, output, refused, ...), summed over the tools."""
+        out: dict[str, int] = {}
+        for tool in self.tools.values():
+            for kind, n in tool.stats().items():
+                out[kind] = out.get(kind, 0) + n
+        return out
 
     def close(self) -> None:
         self.runner.close()

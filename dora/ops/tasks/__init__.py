@@ -19,6 +19,7 @@ TASKS = {
     "quickstart_propose": "dora.ops.tasks.quickstart:PROPOSE",
     "arithmetic": "dora.ops.tasks.arithmetic:TASK",
     "tool_arithmetic": "dora.ops.tasks.tool_arithmetic:TASK",
+    "code_functions": "dora.ops.tasks.code_functions:TASK",
 }
 
 

@@ -1,119 +1,84 @@
-"""The sandboxed Python child: run as a script (`python -I -S -B sandbox_child.py LIMITS_JSON`,
-stdlib only, never imported by dora) that confines itself, then runs the code read from stdin.
+"""The sandboxed Python child: run as a script (`python -I -S -B sandbox_child.py CONFIG_JSON`, stdlib
+only, never imported by dora). It confines itself, then reads its payload from stdin and runs it
+(so a sandbox can be started ahead of its call: sandbox.py's warm pool).
 
-Confinement, in order (each step before any model code runs):
-1. network: a new, empty network namespace (unshare(CLONE_NEWNET); unprivileged:
-   CLONE_NEWUSER | CLONE_NEWNET), where no interface is up, so nothing can be reached, not even
-   127.0.0.1. Where neither is allowed, step 5's audit hook refuses every socket instead.
-2. resource limits: CPU seconds (SIGXCPU, then SIGKILL at +1 s), address space, file size
-   (stdout and stderr are files the parent reads back), no core files.
-3. privileges: running as root, the child becomes nobody (uid/gid 65534) so it cannot change the
-   host, when nobody can read the interpreter's standard library (a Python under a 0700 /root
-   cannot be; then it stays root and step 5's file guard is what protects the host).
-4. working directory: its own scratch folder.
-5. an audit hook (sys.addaudithook, which code cannot remove) refusing sockets (fallback mode
-   only), new processes (fork, exec, spawn, subprocess, os.system), signals to other processes,
-   foreign function calls (ctypes: it could undo all of this), and file changes outside the scratch folder.
-The first stderr line reports the network isolation in effect: "\\x00dora-sandbox: netns|audit".
+CONFIG comes from sandbox.py: the mode, the limits and (mode bwrap) the process filter. The payload
+is {"kind": "cell", "code": ...} (the python tool: a notebook cell) or {"kind": "tests", ...}
+(the code_exec reward: sandbox_harness.py).
+
+mode "bwrap": the child already sits in bubblewrap's namespaces (isolation.py) under the base
+seccomp filter. Before any payload code runs it adds
+1. the process filter (seccomp_bpf.process_filter(), compiled by the parent and passed as hex),
+   installed with prctl through ctypes: no exec, no fork or vfork, clone only for threads. A child
+   that cannot install it exits 3 without running anything;
+2. rlimits: CPU seconds, address space, file size (stdout and stderr are files the parent reads
+   back; the scratch tmpfs has its own size), threads (RLIMIT_NPROC, counted in the sandbox's own
+   user namespace), open files, no core files.
+mode "interpreter_only" (the loudly named opt-out, no OS isolation): sandbox_audit.py's
+confinement, an audit hook that a Python-level escape can get around.
+The first stderr line names the isolation in effect: "\\x00dora-sandbox: <isolation>".
 Like a notebook cell, a last line that is an expression prints its repr.
 """
 
 import ast
+import builtins
 import json
 import os
 import resource
 import sys
 
-CLONE_NEWNET = 0x40000000
-CLONE_NEWUSER = 0x10000000
-NOBODY = 65534
-PROCESS_EVENTS = ("os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system", "os.kill",
-                  "os.killpg", "subprocess.Popen", "os.startfile", "pty.spawn")
-PATH_EVENTS = ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.symlink", "os.link",
-               "os.truncate", "os.utime", "os.chflags", "os.lchflags", "shutil.rmtree", "shutil.copyfile",
-               "shutil.copymode", "shutil.copystat", "shutil.move")
-WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+REFUSED_EXIT = 3
 
 
-def unshare_network() -> str:
-    """'netns' when the child now sits in an empty network namespace, else 'audit'."""
+def install_process_filter(program: bytes) -> None:
     import ctypes
 
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
     libc = ctypes.CDLL(None, use_errno=True)
-    try:
-        for flags in (CLONE_NEWNET, CLONE_NEWUSER | CLONE_NEWNET):
-            if libc.unshare(flags) == 0:
-                return "netns"
-        return "audit"
-    finally:
-        del libc
-        for name in [m for m in sys.modules if m == "ctypes" or m.startswith("ctypes.")]:
-            del sys.modules[name]
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
 
 
-def set_limits(limits: dict) -> None:
-    cpu = int(limits["cpu_s"])
+def set_limits(cfg: dict) -> None:
+    cpu = int(cfg["cpu_s"])
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    memory = int(limits["memory_mb"]) * 1024 * 1024
+    memory = int(cfg["memory_mb"]) * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    out = int(limits["output_bytes"])
+    out = int(cfg["output_bytes"])
     resource.setrlimit(resource.RLIMIT_FSIZE, (out, out))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if cfg.get("max_threads"):
+        resource.setrlimit(resource.RLIMIT_NPROC, (int(cfg["max_threads"]),) * 2)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 
 
-def world_readable(path: str) -> bool:
-    """Whether every folder on the way to `path` lets others through (and `path` itself lets them read)."""
-    import stat
+def confine(cfg: dict) -> str:
+    """Confine this process as cfg["mode"] says; the isolation in effect, in words."""
+    if cfg["mode"] == "bwrap":
+        program = bytes.fromhex(cfg["process_filter"])
+        if program:
+            install_process_filter(program)
+        set_limits(cfg)
+        return "bwrap uid %d, seccomp %s" % (os.getuid(), "on" if program else "unavailable on this architecture")
+    import sandbox_audit
 
-    parts = os.path.realpath(path).split(os.sep)
-    for i in range(2, len(parts) + 1):
-        mode = os.stat(os.sep.join(parts[:i]) or os.sep).st_mode
-        if not mode & stat.S_IXOTH:
-            return False
-    return bool(os.stat(path).st_mode & stat.S_IROTH)
-
-
-def drop_root() -> None:
-    if os.getuid() == 0 and world_readable(sys.base_prefix) and world_readable(os.path.dirname(os.__file__)):
-        os.setgroups([])
-        os.setgid(NOBODY)
-        os.setuid(NOBODY)
-
-
-def make_guard(scratch: str, refuse_network: bool):
-    scratch = os.path.realpath(scratch)
-
-    def inside(path) -> bool:
-        if isinstance(path, int):    # an open file descriptor: already allowed when it was opened
-            return True
-        try:
-            real = os.path.realpath(os.fsdecode(path))
-        except (TypeError, ValueError):
-            return False
-        return real == scratch or real.startswith(scratch + os.sep)
-
-    def guard(event: str, args: tuple) -> None:
-        if event.startswith("ctypes."):
-            raise PermissionError(f"sandbox: {event} is refused (no foreign function calls)")
-        if event in PROCESS_EVENTS:
-            raise PermissionError(f"sandbox: {event} is refused (no new processes or signals)")
-        if refuse_network and event.startswith("socket."):
-            raise PermissionError(f"sandbox: {event} is refused (no network)")
-        if event == "open" and len(args) >= 3:
-            path, mode, flags = args[0], args[1], args[2]
-            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool((flags or 0) & WRITE_FLAGS)
-            if writes and not inside(path):
-                raise PermissionError(f"sandbox: writing {path!r} is refused (only the scratch folder is writable)")
-        if event in PATH_EVENTS:
-            paths = [a for a in args[:2] if isinstance(a, (str, bytes, os.PathLike))]
-            if not all(inside(p) for p in paths):
-                raise PermissionError(f"sandbox: {event} outside the scratch folder is refused")
-
-    return guard
+    network = sandbox_audit.unshare_network() if cfg["netns"] else "audit"
+    set_limits(cfg)
+    sandbox_audit.drop_root()
+    os.chdir(cfg["scratch"])
+    sys.addaudithook(sandbox_audit.make_guard(cfg["scratch"], refuse_network=network != "netns"))
+    return "interpreter_only, network " + network
 
 
-def run_code(code: str) -> int:
-    """Exit status: 0, or 1 after printing the traceback of the tool's own frames."""
+def run_cell(code: str) -> int:
+    """Exit status: 0, or 1 after printing the traceback of the cell's own frames."""
     try:
         _run(code)
     except SystemExit as e:
@@ -134,7 +99,7 @@ def _run(code: str) -> None:
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
-    scope = {"__name__": "__main__", "__builtins__": __builtins__}
+    scope = {"__name__": "__main__", "__builtins__": builtins}
     exec(compile(tree, "<tool>", "exec"), scope)
     if last is not None:
         value = eval(compile(last, "<tool>", "eval"), scope)
@@ -143,16 +108,28 @@ def _run(code: str) -> None:
 
 
 def main() -> None:
-    limits = json.loads(sys.argv[1])
-    code = sys.stdin.read()
-    network = unshare_network() if limits["netns"] else "audit"
-    set_limits(limits)
-    drop_root()
-    os.chdir(limits["scratch"])
-    sys.stderr.write(f"\x00dora-sandbox: {network}\n")
+    cfg = json.loads(sys.argv[1])
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)   # the sibling scripts; taken off again before the payload runs
+    import sandbox_harness
+    try:
+        isolation = confine(cfg)
+    except OSError as e:
+        sys.stderr.write(f"\x00dora-sandbox: refused\nsandbox: could not confine the child ({e}); nothing was run\n")
+        sys.exit(REFUSED_EXIT)
+    finally:
+        sys.path.remove(here)
+    if cfg.get("packages_dir"):
+        sys.path.append(cfg["packages_dir"])
+    builtins.exit = builtins.quit = sys.exit   # -S leaves them out (they come from site)
+    sys.stderr.write(f"\x00dora-sandbox: {isolation}\n")
     sys.stderr.flush()
-    sys.addaudithook(make_guard(limits["scratch"], refuse_network=network != "netns"))
-    status = run_code(code)
+    payload = json.loads(sys.stdin.read())   # confined first: a warm sandbox waits here for its call
+    if payload.get("cpu_s"):   # this call's CPU limit, when it differs from the pool's (lower only)
+        soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        cpu = min(int(payload["cpu_s"]), soft)
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, min(cpu + 1, hard)))
+    status = run_cell(payload["code"]) if payload["kind"] == "cell" else sandbox_harness.run_tests(payload)
     sys.stdout.flush()
     sys.exit(status)
 

@@ -28,10 +28,20 @@ class Tool(abc.ABC):
 
     def __init__(self, name: str, **settings: Any):
         self.name = name
-        self.cfg = dict(settings)
+        self.cfg = {**{k: spec.default for k, spec in self.settings.items()}, **settings}
 
     @abc.abstractmethod
     def run(self, arguments: dict[str, Any]) -> ToolResult: ...
+
+    @classmethod
+    def decl_problems(cls, decl: dict[str, Any]) -> list[tuple[str, str]]:
+        """Problems of a declaration whose settings each check out, as (setting key path, message)
+        (a path that does not exist, ...)."""
+        return []
+
+    def stats(self) -> dict[str, int]:
+        """Counters of the tool's failures by kind (reported in the generate op's stats)."""
+        return {}
 
     def text_arg(self, arguments: dict[str, Any], key: str) -> str | ToolResult:
         """The string argument `key`, or an error result naming what the call lacked."""

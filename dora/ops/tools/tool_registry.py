@@ -47,7 +47,8 @@ def tools_problems(decls: Any) -> list[tuple[str, str]]:
             problems.append((key, f"unknown tool kind {kind!r} ({hint}; a tool named otherwise says its kind: "
                                   f"{{name: {name}, kind: python}})"))
             continue
-        problems += _settings_problems(tool_class(kind), d, at)
+        settings_problems = _settings_problems(tool_class(kind), d, at)
+        problems += settings_problems or [(f"{at}.{k}", f"tool {name!r}: {m}") for k, m in tool_class(kind).decl_problems(d)]
     return problems
 
 

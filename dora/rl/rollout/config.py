@@ -31,6 +31,8 @@ class RolloutConfig:
     # drivers pass the graph's value, the engine's limit applied). 1 here: an instance the caller says
     # nothing about hosts one version.
     versions_per_instance: int = 1
+    fast_lanes: int = -1                 # async.fast_lanes (declared in dora.graph.model): instances lanes may take
+    length_aware: bool = True            # queued siblings of a running group of a version at risk start on the newest
 
     def resolved(self) -> "RolloutConfig":
         """Validate and fill mode-dependent defaults; returns a new config."""
@@ -42,4 +44,6 @@ class RolloutConfig:
             raise RolloutConfigError(str(e)) from None
         if c.versions_per_instance < 1:
             raise RolloutConfigError(f"versions_per_instance must be >= 1, got {c.versions_per_instance}")
+        if c.fast_lanes < -1:
+            raise RolloutConfigError(f"fast_lanes must be >= -1 (-1: as many as measured, 0: none), got {c.fast_lanes}")
         return c

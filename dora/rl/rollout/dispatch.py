@@ -181,8 +181,9 @@ class Dispatcher:
             m.place(n, reqs)
             m.instances[n].submit(reqs)
 
-    def migrate(self, src: str, uids: list[str], dests: list[str]) -> int:
-        """Move requests of one version from src to the least-loaded of dests (each holds that version)."""
+    def migrate(self, src: str, uids: list[str], dests: list[str], lane: bool = False) -> int:
+        """Move requests of one version from src to the least-loaded of dests (each holds that version);
+        `lane`: they move into fast lanes (counted as such)."""
         m = self.m
         if not uids or not dests:
             return 0
@@ -205,7 +206,7 @@ class Dispatcher:
         now = self.clock.now()
         self.trace.instant("orchestrator", "migrations", f"migrate v{version}", now,
                            src=src, dests=sorted(per), requests=len(states), kv_bytes=kv)
-        self.ledger.count_migration(len(states), kv)
+        self.ledger.count_migration(len(states), kv, lane)
         return len(states)
 
     # -- weights ------------------------------------------------------------------------------------
@@ -218,6 +219,18 @@ class Dispatcher:
         self.hosting_since[name] = self.clock.now()
         self.ledger.count_load()
         self.trace.instant("orchestrator", "weights", f"load v{version}", now, instance=name)
+
+    def swap_in_flight(self, name: str, version: int) -> None:
+        """PipelineRL's update: instance `name` loads `version` and every request on it goes on under
+        it, keeping the KV older weights computed (RolloutInstance.load_version_in_flight)."""
+        inst = self.m.instances[name]
+        now = self.clock.now()
+        self.close_span(name, inst.version, now)
+        inst.load_version_in_flight(version)
+        self.m.switch_version(name, version)
+        self.hosting_since[name] = self.clock.now()
+        self.ledger.count_load()
+        self.trace.instant("orchestrator", "weights", f"swap in flight v{version}", now, instance=name)
 
     def close_span(self, name: str, version: int | None, now: float) -> None:
         since = self.hosting_since.pop(name, None)

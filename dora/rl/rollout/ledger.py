@@ -42,6 +42,7 @@ class StepMetrics:
     wait_staleness_s: float = 0.0  # of rollout_only_s (sampled at ticks): TBS were complete, but taking
                                    # them would have stranded an older group (C3): the trainer waited for stragglers
     wait_count_s: float = 0.0      # ... fewer than TBS complete: the trainer waited for throughput
+    fast_lane_requests: int = 0    # of migrated_requests: moved into fast lanes (an old version's stragglers sped up)
     parked_dropped: int = 0        # multi-turn: parked KV dropped for memory during the interval
     continuation_reprefill_tokens: int = 0   # ... and the context prefilled again because of it
     prefill_tokens: int = 0        # the engines' tokens prefilled during the interval (prefix hits not included)
@@ -74,13 +75,13 @@ class Ledger:
         self._wait_sampled: float | None = None
         self.step_metrics: list[StepMetrics] = []
         # interval counters (reset at each step end)
-        self.migrated = self.reprefill = self.loads = self.dropped_interval = 0
+        self.migrated = self.reprefill = self.loads = self.dropped_interval = self.lane_moves = 0
         self.idle_samples = self.idle_hits = 0
         self.engine = dict.fromkeys(ENGINE_COUNTERS, 0)         # interval sums of the engines' counters
         self.gauges: dict[str, dict[str, int]] = {}             # replica -> its engine's gauges, as last reported
-        self.totals = {"migrated_requests": 0, "migrated_kv_bytes": 0, "reprefill_tokens": 0,
+        self.totals = {"migrated_requests": 0, "migrated_kv_bytes": 0, "fast_lane_requests": 0, "reprefill_tokens": 0,
                        "weight_loads": 0, "rebalances": 0, "retagged_requests": 0, "rollout_only_s": 0.0,
-                       "dropped_unknown": 0}
+                       "dropped_unknown": 0, "siblings_started_newest": 0}
 
     # -- dispatch and completion ---------------------------------------------------------------
     def sent(self, grp: list[Request], version: int, now: float) -> None:
@@ -160,11 +161,11 @@ class Ledger:
             migrated_requests=self.migrated, reprefill_tokens=self.reprefill, weight_loads=self.loads,
             idle_fraction={"rollout": self.idle_hits / self.idle_samples if self.idle_samples else 0.0,
                            "trainer": waited / max(1e-9, now - self.last_step_end)},
-            dropped=self.dropped_interval, wait_staleness_s=self.last_waits["staleness"],
+            dropped=self.dropped_interval, fast_lane_requests=self.lane_moves, wait_staleness_s=self.last_waits["staleness"],
             wait_count_s=self.last_waits["count"], **self.engine,
             **{k: sum(g.get(k, 0) for g in self.gauges.values()) for k in ENGINE_GAUGES})
         self.step_metrics.append(m)
-        self.migrated = self.reprefill = self.loads = self.idle_samples = self.idle_hits = 0
+        self.migrated = self.reprefill = self.loads = self.idle_samples = self.idle_hits = self.lane_moves = 0
         self.engine = dict.fromkeys(ENGINE_COUNTERS, 0)
         self.dropped_interval = 0
         self.last_step_end = now
@@ -195,10 +196,13 @@ class Ledger:
             self.dropped[reason] += n
             self.dropped_interval += n
 
-    def count_migration(self, n: int, kv_bytes: int) -> None:
+    def count_migration(self, n: int, kv_bytes: int, lane: bool = False) -> None:
         self.migrated += n
         self.totals["migrated_requests"] += n
         self.totals["migrated_kv_bytes"] += kv_bytes
+        if lane:
+            self.lane_moves += n
+            self.totals["fast_lane_requests"] += n
 
     def count_reprefill(self, tokens: int) -> None:
         self.reprefill += tokens

@@ -186,3 +186,11 @@ class RolloutManager:
 
     def place(self, name: str, reqs: list[Request]) -> None:
         self._place(name, reqs)
+
+    def switch_version(self, name: str, version: int) -> None:
+        """Every request on instance `name` now generates with `version` (an in-flight weight swap)."""
+        reqs = self.forget(name, list(self.on_instance[name]))
+        for r in reqs:
+            r.version = version
+        self._place(name, reqs)
+        self._hosts = None

@@ -5,7 +5,9 @@ rebalance():
  2. targets DP_w = round(D * R_w / sum R) by largest remainder, where R_w = requests in flight
     on version w (plus the planned injection for the newest);
  3. shrink versions above target: release their least-loaded instances, migrating the
-    released instances' requests (with KV) to the remaining instances OF THE SAME VERSION.
+    released instances' requests (with KV) to the remaining instances OF THE SAME VERSION, never
+    below the instances those requests need to run at once (their slots and their KV: see
+    room_needed).
     A version with requests in flight always keeps >= 1 instance: rounding can give it 0,
     but its work is never dropped or stranded; it keeps one instance until drained;
  4. grow versions below target (newest first) from the free instances (weight-transfer map:
@@ -50,19 +52,24 @@ def partition(total: int, load: dict[int, int]) -> dict[int, int]:
 class Orchestrator:
     """Decides; the Dispatcher does (weight loads, migrations)."""
 
-    def __init__(self, manager: RolloutManager, dispatcher: Dispatcher, limit: int = 1):
+    def __init__(self, manager: RolloutManager, dispatcher: Dispatcher, limit: int = 1, kv_limit: float = 0.92,
+                 evaluating: set[str] | None = None):
         self.m, self.d, self.limit = manager, dispatcher, limit   # limit: M, versions per instance
+        self.kv_limit = kv_limit                                  # KV use an instance is kept below (kv_pressure)
+        self.evaluating = evaluating if evaluating is not None else set()   # claimed for held-out evaluation
         self.slots_of = manager.slots_of
         self.migrate = dispatcher.migrate
 
     def rebalance(self, newest: int, inject: int, spread: dict[int, int] | None = None,
-                  newest_floor: int = 1) -> dict[str, int]:
-        """`spread`: versions whose stragglers must be sped up -> at most this many requests per
-        instance for them, on instances taken from the newest version's share but never below
-        `newest_floor` instances (what keeps the trainer fed)."""
+                  newest_floor: int = 1, lanes_cap: int = -1) -> dict[str, int]:
+        """`spread`: versions whose stragglers need fast lanes (FastLanes.plan) -> at most this many
+        requests per instance for them, on instances taken from the newest version's share but never
+        below `newest_floor` instances (what keeps the trainer fed), and never more instances for
+        them all than `lanes_cap` (-1: no cap)."""
         m = self.m
         # lent trainer devices (elastic) are extra instances of the newest version, outside the partition
-        regular = {n: i for n, i in m.instances.items() if n not in m.lent}
+        # (and instances loaded for a held-out evaluation stay outside it until the evaluation is done)
+        regular = {n: i for n, i in m.instances.items() if n not in m.lent and n not in self.evaluating}
         load = dict(m.outstanding)
         for n in m.lent:
             v = m.instances[n].version
@@ -80,6 +87,8 @@ class Orchestrator:
         # batches (faster tokens), oldest (earliest deadline) first, taken from the newest
         # version's share but never below newest_floor
         room = targets.get(newest, 0) - max(1, newest_floor)
+        if lanes_cap >= 0:
+            room = min(room, lanes_cap - sum(targets.get(v, 0) for v in spread))
         want: dict[int, int] = {}
         for v, b in sorted(spread.items()):
             have = targets.get(v, 0)
@@ -97,10 +106,7 @@ class Orchestrator:
                 free.extend(names)          # nothing in flight on this version: free to reassign
                 hosts[v] = []
                 continue
-            # shrink only as far as the version's requests still fit in the slots it keeps:
-            # consolidating stragglers into queues would delay the drain the trainer waits on
-            slots = max(self.slots_of(n) for n in names)
-            keep_n = max(1, targets.get(v, 0), -(-load[v] // slots))
+            keep_n = max(1, targets.get(v, 0), self.room_needed(v, names, load[v]))
             if v in want:             # near its deadline: keep the instances its small batches need
                 keep_n = min(len(names), max(keep_n, want[v]))
             extra = len(names) - keep_n
@@ -132,6 +138,20 @@ class Orchestrator:
         self.balance_within_versions(urgent)
         return moves
 
+    def room_needed(self, v: int, names: list[str], requests: int) -> int:
+        """Instances version v's requests need to run at once: their slots, and their KV below
+        kv_pressure (each instance's KV use counted for v in proportion to its requests of v).
+        Shrinking below that consolidates stragglers into queues (a long context waits for KV,
+        parked in host memory), which delays the very drain the trainer waits on."""
+        m = self.m
+        slots = max(self.slots_of(n) for n in names)
+        kv = 0.0
+        for n in names:
+            here = m.load(n)
+            if here:
+                kv += m.instances[n].stats().kv_used_fraction * m.versions_on[n][v] / here
+        return max(-(-requests // slots), math.ceil(kv / self.kv_limit - 1e-9))
+
     def can_take(self, name: str, v: int) -> bool:
         """May instance `name` make v its current version? The versions of the requests on it, all
         older than v, and v number <= M (with M = 1: it holds no request of another version)."""
@@ -156,7 +176,7 @@ class Orchestrator:
                     k = m.load(n) - cap
                     if k <= 0 or not under:
                         break
-                    moved += self.migrate(n, m.requests_of(n, v)[-k:], under)
+                    moved += self.migrate(n, m.requests_of(n, v)[-k:], under, lane=True)   # into fast lanes
                     under = [u for u in under if m.load(u) < cap]
                 continue
             # requests in a tool wait hold no slot: they neither make an instance over nor fill one

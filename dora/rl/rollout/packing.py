@@ -25,8 +25,10 @@ from .manager import RolloutManager
 
 
 class VersionPacker:
-    def __init__(self, manager: RolloutManager, dispatcher: Dispatcher, limit: int, kv_limit: float):
+    def __init__(self, manager: RolloutManager, dispatcher: Dispatcher, limit: int, kv_limit: float,
+                 evaluating: set[str] | None = None):
         self.m, self.d, self.limit, self.kv_limit = manager, dispatcher, limit, kv_limit
+        self.evaluating = evaluating if evaluating is not None else set()   # loaded for a held-out evaluation
         self.urgent: set[int] = set()        # versions whose stragglers are being sped up (last rebalance)
 
     def rebalance(self, newest: int, spread: dict[int, int]) -> dict[str, int]:
@@ -79,7 +81,7 @@ class VersionPacker:
         """Step 2: instance -> newest, for each instance that took it."""
         m, moves = self.m, {}
         for n, inst in list(m.instances.items()):
-            if inst.version == newest or n in m.lent:
+            if inst.version == newest or n in m.lent or n in self.evaluating:
                 continue
             here = set(m.versions_on[n])
             if len(here | {newest}) > self.limit or here & self.urgent:

@@ -12,6 +12,7 @@ RolloutInstance protocol. The driver (simulator or real runtime) calls:
     c.on_dropped(uids, reason)              # a filter dropped these groups (e.g. DAPO dynamic sampling)
     c.tick()                                # periodically (every few seconds)
     c.lend(instances) / c.reclaim([names])  # elastic: trainer devices serve rollout while it waits
+    c.evals.add(version, requests) ...      # held-out evaluation requests (eval_work.py)
     summary = c.finish()                    # end of run: accounting of every dispatched uid
 
 The parts, one role each: RolloutManager (where every request is), TransferQueue (finished
@@ -29,6 +30,7 @@ from ..clock import Clock
 from .config import RolloutConfig
 from .dispatch import Dispatcher
 from .elastic import Lending
+from .eval_work import EvalWork
 from .ledger import Ledger, StepMetrics
 from .manager import RolloutManager
 from .policies import POLICIES
@@ -53,6 +55,7 @@ class RolloutController:
         self.queue.next_step = initial_version
         self.ledger = Ledger(cfg.train_batch, cfg.max_staleness, self.queue, self.trace)
         self.dispatch = Dispatcher(cfg, self.manager, self.queue, self.ledger, clock, self.trace, initial_version)
+        self.evals = EvalWork(self)          # held-out evaluation requests (eval_work.py), apart from the books
         self.policy = POLICIES[cfg.mode](self)
         self.lending = Lending(self)
 
@@ -89,7 +92,7 @@ class RolloutController:
         now = self.clock.now()
         for name, inst in self.manager.instances.items():
             self.dispatch.close_span(name, inst.version, now)
-        return self.ledger.account(self.manager.r_sum + self.dispatch.held())
+        return self.ledger.account(self.manager.r_sum + self.dispatch.held() + self.policy.held())
 
     # -- events from rollout ----------------------------------------------------------------------
     def on_finished(self, instance_name: str, done: Sequence[str | Finished]) -> None:
@@ -137,6 +140,7 @@ class RolloutController:
         step = self.queue.next_step
         batch = self.queue.take()
         self.ledger.taken_batch(step, batch, self.clock.now())
+        self.policy.batch_taken()
         self._dispatch()                     # the room for new dispatches just grew
         return batch
 
@@ -207,6 +211,7 @@ class RolloutController:
         dispatched onto it (a switch with requests running would break C1). Returns (group ids,
         revoked steps, as on_dropped); the caller dispatches those groups again as new ones."""
         self.manager.versions_changed()   # the driver marked the new process's weights
+        self.evals.aborted(list(self.evals.on[name]))   # (evaluation requests it held: placed again)
         lost = self.manager.forget(name, list(self.manager.on_instance[name]))
         self.dispatch.load(name, self.dispatch.newest)
         gids = sorted({r.group_id for r in lost})
@@ -244,3 +249,5 @@ class RolloutController:
         self.dispatch.place_parked()
         if not self.manager.exhausted:
             self.policy.dispatch()
+        if self.evals.busy():
+            self.evals.fill()                # what training work leaves room for

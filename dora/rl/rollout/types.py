@@ -109,5 +109,10 @@ class RolloutInstance(Protocol):
     def interrupt_all(self) -> list[RequestState]:
         """Stop every request in flight (partial mode), keeping the tokens so far."""
 
+    def load_version_in_flight(self, v: int) -> None:
+        """Make v the current version of the instance AND of every request on it, which goes on
+        decoding with v's weights over the KV its older version computed (PipelineRL's in-flight
+        update, partial_inflight mode: breaks C1 by design)."""
+
     def stats(self) -> InstanceStats:
         ...

@@ -31,6 +31,9 @@ class RolloutPolicy:
     staleness: ClassVar[int | None] = None   # the K this mode always runs with; None: async.max_staleness (>= 1)
     batch_dispatch: ClassVar[bool] = False   # a whole batch at a time: RBS = TBS (else RBS 0 = 1.5 x TBS)
     listing_order: ClassVar[int] = 100       # where the mode stands in listings (then by name)
+    colocated: ClassVar[bool] = False        # rollout never runs while the trainer steps, so both can share
+                                             # every device (the simulator places it so; a run sleeps replicas
+                                             # that share the trainer's devices)
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -60,9 +63,25 @@ class RolloutPolicy:
     def on_tick(self) -> None:
         """Periodic call from the driver."""
 
+    def batch_taken(self) -> None:
+        """The trainer just took a batch (it steps from now until the next publish)."""
+
+    def held(self) -> int:
+        """Trajectories this policy holds off every instance (in flight in the accounting)."""
+        return 0
+
     def rebalance(self) -> bool:
         """Re-partition instances across versions now; False if this mode never does."""
         return False
+
+    def spare(self, name: str) -> bool:
+        """May instance `name` be lent to a held-out evaluation now (load an older version for it)?
+        Streaming: it holds no request and nothing more may be dispatched (R_sum at RBS, the
+        staleness room used up, or no prompt left to send) nor is waiting for a host."""
+        c = self.c
+        d = c.dispatch
+        nothing_to_send = c.manager.exhausted or d.room() < c.cfg.group_size
+        return not c.manager.on_instance[name] and nothing_to_send and not d.pending_retag and not d.parked
 
     def token_versions(self, uid: str) -> set[int] | None:
         """Versions that generated `uid`'s tokens when the completion report does not say

@@ -1,4 +1,5 @@
-"""sync: K=0, RBS=TBS. Dispatch TBS for version v, wait for all of it, train, publish v+1."""
+"""sync: K=0, RBS=TBS. Dispatch TBS for version v, wait for all of it, train, publish v+1. A held-out
+evaluation of v runs between the publish of v and the dispatch of its batch, as verl's does."""
 
 from .batch import BatchPolicy
 
@@ -8,3 +9,5 @@ class SyncPolicy(BatchPolicy):
     staleness = 0
     batch_dispatch = True
     listing_order = 0
+    colocated = True
+    eval_barrier = True
