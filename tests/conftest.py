@@ -11,6 +11,11 @@ import threading
 import pytest
 
 
+# The suite runs dozens of local runs in this process: they share one worker zygote (torch and
+# transformers imported once, not once per run; dora/runtime/backends/zygote_client.py).
+os.environ.setdefault("DORA_ZYGOTE", "keep")
+
+
 @pytest.fixture
 def remove_shm_weights(tmp_path):
     """Weight files may go to /dev/shm: remove this test's run folders there, pass or fail."""

@@ -105,7 +105,10 @@ def test_quickstart_async_modes_account_for_every_trajectory(tmp_path, mode, k):
 
 @pytest.mark.slow
 def test_quickstart_learns(tmp_path):
-    """The full shipped quickstart (40 steps): reward must climb (measured +0.27, docs/benchmarks.md)."""
+    """The full shipped quickstart (40 steps): reward must climb (measured +0.27, docs/benchmarks.md),
+    and response lengths are long-tailed once the short answers are learned (max / median >= 10 in
+    most steps after the first 10: measured 22 of 30; benchmarks/task_learnability.py measures the
+    task alone, outside dora's runtime)."""
     rc = dora_run(tmp_path, "quickstart.yaml", deadline=900, evaluate=True)
     run = RunDir(tmp_path)
     assert rc == 0, run.describe()
@@ -115,6 +118,8 @@ def test_quickstart_learns(tmp_path):
     assert [e["version"] for e in held] == [0, 10, 20, 30, 40]
     assert held[-1]["mean_reward"] > held[0]["mean_reward"], [(e["version"], e["mean_reward"]) for e in held]
     assert s["accounting"]["lost"] == 0 and s["c2_violations"] == 0 and s["c3_violations"] == 0
+    ratios = [r["response_len_max"] / max(1, r["response_len_median"]) for r in run.metrics[10:]]
+    assert sum(x >= 10 for x in ratios) >= len(ratios) / 2, [round(x, 1) for x in ratios]
 
 
 def test_dapo_filter_drops_constant_groups_and_steps_stay_full(tmp_path):

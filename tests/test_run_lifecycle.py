@@ -129,18 +129,34 @@ def test_second_sigint_stops_at_once_and_still_cleans_up(tmp_path):
     assert not wait_gone(workers)
 
 
-def test_kill_9_takes_the_workers_along_and_the_next_run_sweeps_what_it_left(tmp_path):
-    out = tmp_path / "run"
-    p = start(out)
-    wait_for_steps(p, out, 1)
+SYNC_PINNED = ["nodes.rollout.replicas=1", "run.save_every=3"]
+
+
+@pytest.fixture(scope="module")
+def killed_sync_run(tmp_path_factory):
+    """Seeded sync mode, one generate replica, 6 steps: `dora run` kill -9ed after step 4 (its last
+    checkpoint is step 3). What the kill left is looked at right after it (workers, the shared-memory
+    folder, the sweep a next run does); the run folder is what the resume test resumes."""
+    out = tmp_path_factory.mktemp("killed") / "broken"
+    p = start(out, *SYNC_PINNED, steps=6)
+    wait_for_steps(p, out, 4)
     workers = children(p.pid)
-    assert workers
     p.kill()
     p.wait(timeout=10)
-    assert not wait_gone(workers), "workers outlived a kill -9 of dora run"
     left = shm_dir(str(out))
-    assert os.path.isdir(left) and run_files.owner_of(left)["pid"] == p.pid
-    assert left in run_files.sweep_stale() and not os.path.exists(left)
+    seen = {"out": out, "pid": p.pid, "workers": workers, "outlived": wait_gone(workers), "left": left,
+            "left_there": os.path.isdir(left), "left_owner": (run_files.owner_of(left) or {}).get("pid")}
+    seen["swept"] = left in run_files.sweep_stale()
+    seen["left_after_sweep"] = os.path.exists(left)
+    return seen
+
+
+def test_kill_9_takes_the_workers_along_and_the_next_run_sweeps_what_it_left(killed_sync_run):
+    k = killed_sync_run
+    assert k["workers"]
+    assert not k["outlived"], "workers outlived a kill -9 of dora run"
+    assert k["left_there"] and k["left_owner"] == k["pid"]
+    assert k["swept"] and not k["left_after_sweep"]
 
 
 def test_a_run_dir_held_by_a_live_run_is_refused_untouched(tmp_path):
@@ -204,19 +220,14 @@ def _ledger(out: Path) -> list[dict]:
     return [json.loads(raw) for raw in (out / "trained.jsonl").read_text().splitlines()]
 
 
-def test_sync_run_killed_and_resumed_equals_the_uninterrupted_run(tmp_path):
+def test_sync_run_killed_and_resumed_equals_the_uninterrupted_run(tmp_path, killed_sync_run):
     """Seeded sync mode, one generate replica: kill -9 after step 4 (the last checkpoint is step 3),
     resume: the same reward at every step and the same final weights, to 1e-6; the ledger exact."""
     from safetensors.torch import load_file
 
-    pinned = ["nodes.rollout.replicas=1", "run.save_every=3"]
-    whole, broken = tmp_path / "whole", tmp_path / "broken"
-    p = start(whole, *pinned, steps=6)
+    whole, broken = tmp_path / "whole", killed_sync_run["out"]
+    p = start(whole, *SYNC_PINNED, steps=6)
     assert finish(p, 600) == 0, p.stdout.read()
-    p = start(broken, *pinned, steps=6)
-    wait_for_steps(p, broken, 4)
-    p.kill()
-    p.wait(timeout=10)
     assert (broken / "checkpoints" / "step_3").is_dir()
     r = _resume(broken)
     assert r.returncode == 0, r.stdout + r.stderr

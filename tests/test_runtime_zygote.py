@@ -1,5 +1,6 @@
 """The local backend's zygote: workers forked from one process that imported torch once. They show
-their own command line, their exit codes come back as Popen's would, and they die with the zygote."""
+their own command line, their exit codes come back as Popen's would, and they die with the zygote.
+Under DORA_ZYGOTE=keep a process's runs share one (the test suite does)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 import pytest
 
 from dora.runtime.backends.zygote_client import ZygoteClient
-from runtime_graphs import alive
+from runtime_graphs import alive, pipeline
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the zygote forks (Linux)")
 
@@ -44,3 +45,42 @@ def test_forked_workers_look_started_report_their_exit_and_die_with_the_zygote(t
     while alive(waiting.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive(waiting.pid)
+
+
+def test_local_runs_in_one_process_share_the_kept_zygote(tmp_path, monkeypatch):
+    from dora.runtime.backends import zygote_client
+    from dora.runtime.run_controller import Controller
+
+    monkeypatch.setenv("DORA_ZYGOTE", "keep")
+    zygotes = []
+    for i in range(2):
+        res = Controller(pipeline(200, map_replicas=1, red_replicas=1), run_dir=str(tmp_path / f"run{i}"), deadline_s=120).run()
+        assert res.ok, res
+        zygotes.append(zygote_client.kept_client())
+    assert zygotes[0] is zygotes[1] and zygotes[0].alive()   # the first run's end left it to the second
+
+
+class FakeZygote:
+    """Stands in for ZygoteClient in the bookkeeping test below (no process)."""
+    def __init__(self, env):
+        self.env, self.closed = env, False
+
+    def alive(self):
+        return not self.closed
+
+    def close(self):
+        self.closed = True
+
+
+def test_the_kept_zygote_is_replaced_when_the_environment_changes_or_it_died(monkeypatch):
+    from dora.runtime.backends import zygote_client
+
+    monkeypatch.setattr(zygote_client, "ZygoteClient", FakeZygote)
+    monkeypatch.setattr(zygote_client, "_kept", {})
+    env = {"PATH": "/bin", "PYTHONPATH": "/src", "PYTEST_CURRENT_TEST": "a (call)"}
+    first = zygote_client.kept(env)
+    assert zygote_client.kept({**env, "PYTEST_CURRENT_TEST": "b (call)"}) is first   # per-test noise: kept
+    other = zygote_client.kept({**env, "DORA_MAX_MESSAGE_BYTES": "1024"})   # read at import: a new one
+    assert other is not first and first.closed and not other.closed
+    other.closed = True                                                        # it died
+    assert zygote_client.kept({**env, "DORA_MAX_MESSAGE_BYTES": "1024"}) is not other

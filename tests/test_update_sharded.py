@@ -22,7 +22,7 @@ import torch
 from dora.graph.columns import COLUMNS
 from dora.ops.weights import versions as weights
 from op_context import op_context
-from dora.ops.sharding.local_ranks import run_local_ranks
+from dora.ops.sharding.local_ranks import LocalRanks
 
 TINY = {"hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 64}
 # lr 1e-3: AdamW turns float summation-order noise on near-zero gradients into steps ~lr x 1e-3
@@ -106,11 +106,18 @@ def published(events: list[dict]) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
+@pytest.fixture(scope="module")
+def two_ranks():
+    """Two rank processes for every 2-rank call of this module: torch's import paid once per rank."""
+    with LocalRanks(2) as ranks:
+        yield ranks
+
+
 # steps 2 and 3 train on data of the initial model: stale, so the correction acts; its whole-step
 # statistics (ESS, m2po's batch-wide threshold) must come out the same however rows are split
 @pytest.mark.parametrize("off_policy", [None, {"name": "m2po", "m2_max": 1e-4}], ids=["default", "m2po"])
 @pytest.mark.usefixtures("remove_shm_weights")
-def test_two_ranks_train_exactly_like_one(tmp_path, off_policy):
+def test_two_ranks_train_exactly_like_one(tmp_path, off_policy, two_ranks):
     from dora.ops.update import UpdateOp
 
     extra = {"off_policy": off_policy} if off_policy else {}
@@ -124,7 +131,7 @@ def test_two_ranks_train_exactly_like_one(tmp_path, off_policy):
     one.finish()
     solo = {"stats": one.stats(), "exp_avg": [one.optimizer.state[p]["exp_avg"].clone() for p in one.params]}
     one.teardown()
-    two = run_local_ranks(rank_main, 2, str(tmp_path / "two"), batches, extra)
+    two = two_ranks.run(rank_main, str(tmp_path / "two"), batches, extra)
     lead, follower = two
 
     steps_1 = [e for e in events if e["kind"] == "train_step"]
@@ -175,7 +182,7 @@ def test_two_ranks_train_exactly_like_one(tmp_path, off_policy):
     assert len(restored) == len(solo["exp_avg"]) and all(
         float((a - b).abs().max()) < TOL for a, b in zip(restored, solo["exp_avg"]))
     if off_policy is None:   # and on two ranks again: each keeps its shard of the full weights it read
-        back, _ = run_local_ranks(rank_restore, 2, str(tmp_path / "back"), ckpt)
+        back, _ = two_ranks.run(rank_restore, str(tmp_path / "back"), ckpt)
         assert back["step"] == 3 and all(torch.equal(back["weights"][n], w2[n]) for n in w2)
         weights.cleanup(str(tmp_path / "back"))
     ledger = [json.loads(line) for line in open(os.path.join(tmp_path, "two", "trained.jsonl"))]
@@ -230,7 +237,7 @@ def ref_critic_rank(env) -> dict:
                                     env.drive)
 
 
-def test_reference_and_critic_of_two_ranks_match_one():
+def test_reference_and_critic_of_two_ranks_match_one(two_ranks):
     torch.set_num_threads(1)
 
     def solo_drive(op, feed_fn):
@@ -240,7 +247,7 @@ def test_reference_and_critic_of_two_ranks_match_one():
 
     one = run_reference_and_critic(lambda op, params, events: op_context(op, params, model=TINY, seed=0,
                                                                           report=events.append), solo_drive)
-    lead, follower = run_local_ranks(ref_critic_rank, 2)
+    lead, follower = two_ranks.run(ref_critic_rank)
     assert follower["events"] == [] and follower["ref"] is None
     for a, b in zip(one["ref"], lead["ref"]):          # same rows, same order, same logprobs
         assert [len(x) for x in a] == [len(x) for x in b]

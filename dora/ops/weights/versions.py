@@ -28,10 +28,12 @@ import json
 import os
 import re
 import shutil
+from typing import TYPE_CHECKING
 
-import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+if TYPE_CHECKING:
+    import torch
+# torch and safetensors.torch are imported where weights are read or written: the driver of a run
+# uses this module only for folder names and cleanup, and does not pay torch's import for them.
 
 SHM = "/dev/shm"
 _VERSION_FILE = re.compile(r"^v(\d+)\.safetensors$")
@@ -87,6 +89,7 @@ def save_version(state_dict: dict[str, torch.Tensor], run_dir: str, version: int
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, version_file(version))
     tmp = f"{path}.tmp{os.getpid()}"
+    from safetensors.torch import save_file
     save_file(tensors, tmp, metadata={"dora_version": str(int(version)), "dora_aliases": json.dumps(aliases)})
     os.replace(tmp, path)
     return path, os.path.getsize(path)
@@ -96,6 +99,8 @@ def read_version(path: str) -> dict[str, torch.Tensor]:
     """The full state dict stored at path (aliases restored), on CPU."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"weights file {path!r} does not exist (pruned, or from another run?)")
+    from safetensors import safe_open
+    from safetensors.torch import load_file
     tensors = load_file(path, device="cpu")
     with safe_open(path, framework="pt") as f:
         meta = f.metadata() or {}
@@ -104,9 +109,9 @@ def read_version(path: str) -> dict[str, torch.Tensor]:
     return tensors
 
 
-@torch.no_grad()
 def load_version(model: torch.nn.Module, path: str) -> None:
     """Copy the weights at path into model in place (same names and shapes required)."""
+    import torch
     tensors = read_version(path)
     own = model.state_dict()
     missing = sorted(set(own) - set(tensors))
@@ -117,7 +122,8 @@ def load_version(model: torch.nn.Module, path: str) -> None:
         src = tensors[name]
         if src.shape != dst.shape:
             raise ValueError(f"weights {path!r}: {name} has shape {tuple(src.shape)}, the model has {tuple(dst.shape)}")
-        dst.copy_(src)
+        with torch.no_grad():
+            dst.copy_(src)
 
 
 def list_versions(run_dir: str) -> list[tuple[int, str]]:

@@ -20,10 +20,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
 from dora.runtime.backends.launch_spec import Launch
+from dora.runtime.backends import zygote_client
 from dora.runtime.backends.zygote_client import ZygoteClient
 from dora.runtime.run_files import write_owner
 
@@ -70,6 +72,7 @@ class LocalBackend:
             zygote = hasattr(os, "fork") and sys.platform.startswith("linux") and os.environ.get("DORA_ZYGOTE") != "0"
         self.use_zygote = zygote
         self.zygote: ZygoteClient | None = None
+        self.zygote_kept = False   # the process's kept zygote (DORA_ZYGOTE=keep): not closed with the run
         self.ipc_dir: str | None = None
         self.procs: dict[str, Any] = {}   # label -> subprocess.Popen or zygote_client.ForkedProcess
         self.logs: dict[str, str] = {}
@@ -88,8 +91,7 @@ class LocalBackend:
                     "--host", self.host] + (["--ipc-dir", self.ipc_dir] if self.ipc_dir else [])
             if self.use_zygote:
                 if self.zygote is None:
-                    self.zygote = ZygoteClient({**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"},
-                                               os.path.join(os.path.dirname(ln.log_path), "zygote.log") if ln.log_path else None)
+                    self.zygote = self._zygote({**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}, ln.log_path)
                 self.procs[ln.label] = self.zygote.fork(ln.label, argv, env, ln.log_path)
             else:
                 out = open(ln.log_path, "ab") if ln.log_path else subprocess.DEVNULL
@@ -99,6 +101,13 @@ class LocalBackend:
                     out.close()
             if ln.log_path:
                 self.logs[ln.label] = ln.log_path
+
+    def _zygote(self, env: dict[str, str], log_path: str | None) -> ZygoteClient:
+        """This run's zygote; under DORA_ZYGOTE=keep (from the main thread) the process's kept one."""
+        if zygote_client.keeping() and threading.current_thread() is threading.main_thread():
+            self.zygote_kept = True
+            return zygote_client.kept(env)
+        return ZygoteClient(env, os.path.join(os.path.dirname(log_path), "zygote.log") if log_path else None)
 
     def pid(self, label: str) -> int | None:
         p = self.procs.get(label)
@@ -146,7 +155,7 @@ class LocalBackend:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-        if self.zygote is not None:
+        if self.zygote is not None and not self.zygote_kept:
             self.zygote.close()
         if self.ipc_dir:
             shutil.rmtree(self.ipc_dir, ignore_errors=True)

@@ -4,6 +4,7 @@ interface the backend uses (pid, poll, kill, wait)."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
@@ -106,7 +107,7 @@ class ZygoteClient:
         if msg.get("ready"):
             self.ready = True
         elif "exit" in msg:
-            child = self.children.get(int(msg["pid"]))
+            child = self.children.pop(int(msg["pid"]), None)
             if child is not None:
                 child.returncode = int(msg["rc"])
             else:
@@ -122,6 +123,9 @@ class ZygoteClient:
             if child.returncode is None:
                 child.returncode = -signal.SIGKILL
 
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
     def close(self) -> None:
         """Stop the zygote (its workers have ended, or are killed with it)."""
         try:
@@ -133,3 +137,46 @@ class ZygoteClient:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=5)
+
+
+# ------------------------------------------------------------------ one zygote kept for the process
+
+# Set by pytest for each test, read by nothing the zygote imports: a change of it alone keeps the zygote.
+PER_CALL_VARIABLES = ("PYTEST_CURRENT_TEST",)
+_kept: dict[str, tuple[dict[str, str], ZygoteClient]] = {}
+
+
+def keeping() -> bool:
+    """DORA_ZYGOTE=keep: a process that runs several local runs one after another (the test suite,
+    a benchmark) keeps one zygote between them and pays its imports once."""
+    return os.environ.get("DORA_ZYGOTE") == "keep"
+
+
+def kept(env: dict[str, str]) -> ZygoteClient:
+    """The process's kept zygote, started with `env`. One is reused while it lives and the environment
+    it was started with is unchanged (a preloaded module may read a variable at import); otherwise it
+    is closed and a new one started. Only the main thread keeps one: a zygote dies with the thread
+    that started it (PR_SET_PDEATHSIG), and the main thread lives as long as the process."""
+    key = {k: v for k, v in env.items() if k not in PER_CALL_VARIABLES}
+    held = _kept.get("main")
+    if held is not None and (held[0] != key or not held[1].alive()):
+        held[1].close()
+        held = None
+    if held is None:
+        held = _kept["main"] = (key, ZygoteClient(env))
+    return held[1]
+
+
+def kept_client() -> ZygoteClient | None:
+    """The kept zygote, if this process holds one."""
+    held = _kept.get("main")
+    return held[1] if held else None
+
+
+def close_kept() -> None:
+    held = _kept.pop("main", None)
+    if held is not None:
+        held[1].close()
+
+
+atexit.register(close_kept)
