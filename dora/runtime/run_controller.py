@@ -39,6 +39,7 @@ from dora.runtime import security, wire
 from dora.runtime.errors import CallError, ReplicaLost, RunFailed, WireError
 from dora.runtime.managed_edges import ManagedEdges
 from dora.runtime.placement import Inventory, Spares, gpu_shortfall, plan as make_plan
+from dora.runtime.final_stats import collect_final_stats
 from dora.runtime.startup import StartUp
 from dora.runtime.supervision import Supervisor
 from dora.runtime.worker_record import RunResult, WorkerRecord
@@ -106,6 +107,7 @@ class Controller:
             self.startup.start()
             if not self.stop_requested:
                 self._loop()
+            collect_final_stats(self)   # exact totals for the result and the dashboard's last snapshot
             ok = True
             return self._result(ok, time.monotonic() - t0)
         finally:

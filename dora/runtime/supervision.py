@@ -122,6 +122,7 @@ class Supervisor:
                 # lost until the driver has heard of it: calls made meanwhile (driver hooks run while the
                 # control loop pumps) fail fast instead of reaching a process whose state nobody tracks
                 f = WorkerRecord(w.node, w.replica, last_hb=time.monotonic(), endpoint=w.endpoint, lost=why)
+                c.workers[w.label].succeeded_by(f)   # (the record of the process that died, or of a failed retry)
                 c.workers[w.label] = f
                 fresh.append(f)
             c.restores.update(restores)                 # (config() takes each once)

@@ -37,6 +37,9 @@ class WorkerRecord:
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)
     live: dict[str, Any] | None = None   # the worker's latest live counters (see Worker.sample_live)
     live_at: float = 0.0                 # when they last changed
+    # what the replica's earlier processes sent, per out edge [batches, rows, bytes], as their last
+    # counters said (a respawned process counts from 0; the dashboard adds this)
+    sent_before: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     in_op: bool = False                  # its last heartbeat came while it was inside an op method
 
     @property
@@ -50,6 +53,27 @@ class WorkerRecord:
         self.in_op = bool(msg.get("busy"))
         if isinstance(msg.get("live"), dict):
             self.live, self.live_at = msg["live"], now
+
+    def sent(self) -> dict[str, list[int]]:
+        """Per out edge [batches, rows, bytes, queued] this process sent: its exact totals once it
+        reported them (finished, or asked at the run's end), else its latest live counters."""
+        counts = {}
+        live = (self.live or {}).get("out")
+        for edge, c in (live.items() if isinstance(live, dict) else ()):
+            if isinstance(c, list) and len(c) == 4:
+                counts[edge] = [int(x or 0) for x in c]
+        for edge, final in (self.stats.get("out") or {}).items():
+            if isinstance(final, dict):
+                counts[edge] = [int(final.get(k, 0) or 0) for k in ("batches", "rows", "bytes")] + [0]
+        return counts
+
+    def succeeded_by(self, fresh: "WorkerRecord") -> None:
+        """Hand what this process sent on to the record of the process that replaces it."""
+        for edge, c in self.sent().items():
+            before = self.sent_before.get(edge, [0, 0, 0])
+            fresh.sent_before[edge] = [a + b for a, b in zip(before, c[:3])]
+        for edge, c in self.sent_before.items():
+            fresh.sent_before.setdefault(edge, list(c))
 
     def on_report(self, msg: dict[str, Any]) -> None:
         """A `ready`, `finished` or `error` report of the worker."""

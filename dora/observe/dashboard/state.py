@@ -146,9 +146,6 @@ class RunState:
         self.started_at = time.time()
         self.rates = Rates(self.t0)
         self.seen_at: dict[str, float] = {}      # worker label -> live_at of the last sample taken
-        # a respawned replica's process counts from 0: what its predecessors sent stays in the edge's total
-        self.last_out: dict[str, tuple[Any, dict[str, list[int]]]] = {}   # label -> (its record, out counts)
-        self.carried: dict[tuple[str, str], list[int]] = collections.defaultdict(lambda: [0, 0, 0])
         self.timeline = Timeline()
         self.due = self.write_due = 0.0
         self.status = "starting"
@@ -216,17 +213,17 @@ class RunState:
             by_node[w.node].append(w)
         out = []
         g = self.graph
-        outs = {w.label: self._out_counts(w) for w in workers}
+        sent = {w.label: w.sent() for w in workers}
         for fe in self.fig["edges"]:
             e = dict(fe)
             if fe["kind"] == "data":
                 edge = self.edge_of[fe["id"]]
-                tot, rate, queued = list(self.carried[(edge.src, edge.label)]), [0.0, 0.0, 0.0], 0
+                tot, rate, queued = [0, 0, 0], [0.0, 0.0, 0.0], 0
                 for w in by_node.get(edge.src, []):
-                    c = outs.get(w.label, {}).get(edge.label)
-                    if c is not None:
-                        tot = [a + b for a, b in zip(tot, c[:3])]
-                        queued += c[3]
+                    c = sent.get(w.label, {}).get(edge.label, [0, 0, 0, 0])
+                    before = w.sent_before.get(edge.label, [0, 0, 0])   # (what a respawned replica sent before)
+                    tot = [a + b + d for a, b, d in zip(tot, c[:3], before)]
+                    queued += c[3]
                     r = self.rates.rate((w.label, edge.label), now)
                     if r:
                         rate = [a + b for a, b in zip(rate, r)]
@@ -243,25 +240,6 @@ class RunState:
                          loads=getattr(d, "weight_loads", 0))
             out.append(e)
         return out
-
-    def _out_counts(self, w: Any) -> dict[str, list[int]]:
-        """Per out edge [batches, rows, bytes, queued] of replica w: its exact totals once finished,
-        else its latest live counters; a predecessor's last counts (w was respawned) carried over."""
-        counts = {}
-        live = (w.live or {}).get("out")
-        for edge, c in (live.items() if isinstance(live, dict) else ()):
-            if isinstance(c, list) and len(c) == 4:
-                counts[edge] = [int(x or 0) for x in c]
-        for edge, final in ((w.stats.get("out") or {}).items() if w.state == "finished" else ()):
-            if isinstance(final, dict):
-                counts[edge] = [int(final.get(k, 0) or 0) for k in ("batches", "rows", "bytes")] + [0]
-        before, seen = self.last_out.get(w.label, (w, {}))
-        if before is not w:
-            for edge, c in seen.items():
-                self.carried[(w.node, edge)] = [a + b for a, b in zip(self.carried[(w.node, edge)], c[:3])]
-            seen = {}
-        self.last_out[w.label] = (w, counts or seen)
-        return counts
 
     def _replicas(self, ctrl: Any, workers: list[Any], now: float) -> list[dict[str, Any]]:
         failure = getattr(ctrl, "failure", None) if ctrl is not None else None
