@@ -41,6 +41,7 @@ def dora_run(out: Path, pipeline: str | Path, *overrides: str, deadline: float =
 class RunDir:
     def __init__(self, path: Path):
         self.path = Path(path)
+        self.files = self.path   # (its own files: trained.jsonl, length_trace.jsonl)
         self.summary = json.loads((self.path / "summary.json").read_text())
         self.metrics = [json.loads(line) for line in (self.path / "metrics.jsonl").read_text().splitlines() if line]
         ledger = self.path / "trained.jsonl"
@@ -65,7 +66,8 @@ class PolicyRunDir(RunDir):
         self.policy, self.run_summary, self.lines = policy, self.summary, self.metrics
         self.summary = {**self.summary["policies"][policy], "ok": self.summary["ok"], "error": self.summary["error"]}
         self.metrics = policy_records(self.lines, policy)
-        ledger = self.path / "policies" / policy / "trained.jsonl"
+        self.files = self.path / "policies" / policy
+        ledger = self.files / "trained.jsonl"
         self.ledger = [json.loads(line) for line in ledger.read_text().splitlines() if line] if ledger.exists() else []
 
 
@@ -88,7 +90,7 @@ def check_metrics(run: RunDir, steps: int, train_batch: int) -> None:
 def check_length_trace(run: RunDir) -> None:
     """RUN_DIR/length_trace.jsonl: a line per step metrics.jsonl has, with the trajectories it trained
     in whole groups (single-turn lengths add up to the step's tokens)."""
-    lines = [json.loads(x) for x in (run.path / "length_trace.jsonl").read_text().splitlines() if x.strip()]
+    lines = [json.loads(x) for x in (run.files / "length_trace.jsonl").read_text().splitlines() if x.strip()]
     assert [x["step"] for x in lines] == [r["step"] for r in run.metrics], run.describe()
     for x, r in zip(lines, run.metrics):
         assert sum(len(g["responses"]) for g in x["groups"]) == r["trajectories"]

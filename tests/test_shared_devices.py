@@ -110,17 +110,20 @@ def test_plan_says_which_replicas_share_the_trainers_devices():
     assert apart.sharing("rollout", "train") == [] and not apart.shared
 
 
-def test_only_k0_modes_with_an_engine_that_sleeps_hand_the_device_over():
+def test_only_colocated_modes_with_an_engine_that_sleeps_hand_the_device_over():
     p = plan(load_graph(str(GPU_SINGLE)))
 
-    def driver(k: int, engine: str):
-        return types.SimpleNamespace(cfg=types.SimpleNamespace(max_staleness=k), ctrl=types.SimpleNamespace(plan=p),
+    def driver(mode: str, engine: str):
+        return types.SimpleNamespace(cfg=types.SimpleNamespace(mode=mode, max_staleness=0 if mode == "sync" else 1),
+                                     ctrl=types.SimpleNamespace(plan=p),
                                      roles=types.SimpleNamespace(generate="rollout", update="train"),
                                      params={"rollout": {"engine": engine}})
     inst = types.SimpleNamespace(replica=0, name="rollout[0]")
-    assert shared_devices(driver(0, "torch"), [inst]).instances == [inst]
-    assert shared_devices(driver(1, "torch"), [inst]) is None       # async: each keeps its share
-    assert shared_devices(driver(0, "vllm"), [inst]) is None        # no sleep: it keeps its share
+    for mode in ("sync", "partial_colocated"):   # nothing is generated while the trainer steps
+        assert shared_devices(driver(mode, "torch"), [inst]).instances == [inst]
+    for mode in ("dora", "partial", "partial_inflight", "one_step_off"):
+        assert shared_devices(driver(mode, "torch"), [inst]) is None, mode   # async: each keeps its share
+    assert shared_devices(driver("sync", "vllm"), [inst]) is None        # no sleep: it keeps its share
 
 
 # ---------------------------------------------------------------- the KV budget from a share

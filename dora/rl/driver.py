@@ -68,7 +68,7 @@ class RLDriver:
         self.ctrl = None                       # set by attach()
         self.rc: RolloutController | None = None
         self.clock = clock or RunClock()
-        self.multiturn = MultiTurnReports(self.clock, self.trace, turn_trace_path(metrics), length_trace_path(metrics))
+        self.multiturn = MultiTurnReports(self.clock, self.trace, turn_trace_path(metrics), length_trace_path(metrics, policy))
         self.prompts = PromptFeed(self.graph.nodes[roles.dataset].replicas, self.cfg.group_size, self.cfg.rollout_batch)
         self.feed = TrainerFeed(resolved.run.samples_per_step)
         self.weight_paths: dict[int, str] = {}

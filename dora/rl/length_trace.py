@@ -19,13 +19,19 @@ import json
 import os
 from typing import Any, Callable
 
+from dora.graph.policy_roles import policy_dir
+
 LENGTH_TRACE = "length_trace.jsonl"
 
 
-def length_trace_path(metrics) -> str | None:
-    """RUN_DIR/length_trace.jsonl, next to the run's metrics.jsonl (None: a driver without a run folder)."""
+def length_trace_path(metrics, policy: str | None = None) -> str | None:
+    """RUN_DIR/length_trace.jsonl, next to the run's metrics.jsonl; in a run of several policies each
+    writes its own, RUN_DIR/policies/<update>/length_trace.jsonl (None: a driver without a run folder)."""
     path = getattr(metrics, "path", None)
-    return os.path.join(os.path.dirname(path), LENGTH_TRACE) if path else None
+    if not path:
+        return None
+    run_dir = os.path.dirname(path)
+    return os.path.join(run_dir if policy is None else policy_dir(run_dir, policy), LENGTH_TRACE)
 
 
 def step_line(step: int, lengths: list[tuple[str, int, int]], turns_of: Callable[[str], Any]) -> dict[str, Any]:
@@ -48,5 +54,6 @@ class LengthTrace:
         """Append the line of a step the trainer reported (`sent`: the batch summary it was sent)."""
         if not self.path or not sent.get("lengths"):
             return
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)   # (a policy's folder, on its first step)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(step_line(step, sent["lengths"], turns_of)) + "\n")

@@ -2,7 +2,7 @@
 are cut back to what the weights of step N saw.
 
     metrics.jsonl, trained.jsonl   keep the lines of steps <= N (each step once, each trained uid once);
-                                   in a run of several policies, the lines of the policy going back only
+    length_trace.jsonl             in a run of several policies, the lines of the policy going back only
     eval.jsonl, samples.jsonl      keep the evaluations of versions <= N and the samples of steps <= N
     checkpoints/best               rolled back too when it holds a version > N (run.keep_best)
     tb/, wandb/                    the logger folders of the earlier segments (they hold steps > N)
@@ -24,7 +24,8 @@ import shutil
 from typing import Any
 
 ROLLED_BACK = "rolled_back"
-LEDGERS = ("metrics.jsonl", "trained.jsonl", "eval.jsonl", "samples.jsonl")   # (eval and samples: step = version)
+LEDGERS = ("metrics.jsonl", "trained.jsonl", "length_trace.jsonl", "eval.jsonl", "samples.jsonl")   # (eval, samples: step = version)
+POLICY_FILES = ("trained.jsonl", "length_trace.jsonl")   # a policy's own files (RUN_DIR/policies/<it> in a run of several)
 LOGGER_DIRS = ("tb", "wandb")
 FROM_STEP = {"resume": "resumed_from_step", "restart": "restarted_from_step"}   # rolled_back.json's key, by kind
 
@@ -77,12 +78,12 @@ def roll_back(run_dir: str, step: int, untrusted: list[str] = (), kind: str = "r
     """Cut the run's files back to checkpoint `step` (see the module doc); `untrusted`: checkpoint
     folders newer than it that --resume skipped; `kind`: resume, or restart (a trainer restart inside
     the run: rolled_back/restart_K/). In a run of several policies, `policy` is the one going back
-    (its lines of metrics.jsonl only) and `files_dir` where its trained.jsonl is (RUN_DIR/policies/<it>).
+    (its lines of metrics.jsonl only) and `files_dir` where its own files are (RUN_DIR/policies/<it>).
     Returns what was moved (also in rolled_back.json)."""
-    where = {"trained.jsonl": files_dir or run_dir}   # (the others are the run's, their lines say their policy)
-    # (trained.jsonl is the policy's own file: every line of it is the policy's)
+    where = {name: files_dir or run_dir for name in POLICY_FILES}   # (the others are the run's: their lines say their policy)
+    # (a policy's own file: every line of it is the policy's)
     splits = {name: split_lines(os.path.join(where.get(name, run_dir), name), step,
-                                policy if name != "trained.jsonl" else None) for name in LEDGERS}
+                                policy if name not in POLICY_FILES else None) for name in LEDGERS}
     loggers = [d for d in LOGGER_DIRS if os.path.isdir(os.path.join(run_dir, d))]
     untrusted = [p for p in untrusted if os.path.isdir(p)] + _best_after(run_dir, step)
     report: dict[str, Any] = {FROM_STEP[kind]: int(step),
