@@ -69,7 +69,7 @@ def judged_run(tmp_path_factory, remove_shm_weights_module):
     # the shipped pipeline (its length penalty imports from beside it), the judge's model the policy's own
     code = dora_run(out, PIPELINES / "judge.yaml", "nodes.judge.params.model=null", "nodes.judge.params.parser=regex",
                     "nodes.judge.params.pattern=" + json.dumps(r"^\s*(\S)"), "nodes.judge.params.values=" + json.dumps(VALUES),
-                    "nodes.judge.params.max_tokens=1", f"nodes.train.params.steps={STEPS}",
+                    "nodes.judge.params.max_tokens=1", "nodes.judge.params.on_error=skip", f"nodes.train.params.steps={STEPS}",
                     "nodes.rollout.params.max_tokens=24", f"async.train_batch={TBS}", deadline=600)
     killer.join(timeout=5)
     return code, RunDir(out), killed
