@@ -170,7 +170,36 @@ def test_bad_eval_settings_are_named_at_file_line(tmp_path):
     bad_rows = tmp_path / "bad.jsonl"   # a file source's rows are parsed as a run reads them, the bad one named
     bad_rows.write_text('{"prompt": "1*a", "answer": "a"}\n{"answer": "b"}\n')
     errs = _errors(f"eval.heldout.source={bad_rows}")
-    assert len(errs) == 1 and f"{bad_rows}:2: column 'prompt'" in errs[0], errs
+    assert len(errs) == 1 and f"{bad_rows}:2: error: held-out set 'heldout': column 'prompt'" in errs[0], errs
+
+
+def test_a_held_out_prompt_no_engine_can_take_refuses_the_run_before_any_work(tmp_path, capsys):
+    """A held-out prompt over the generate node's context (the quickstart's 512 positions) is named at
+    file:N by `dora validate`, refuses the run at its start with exit 2 (before any worker starts:
+    not at the first evaluation, where the engine would fail the run), and with the training dataset's
+    on_error: skip is skipped and counted instead."""
+    from dora.graph.resolve import resolve
+    from dora.graph.yaml_io import load_graph
+    from dora.rl.execute import execute
+    rows = tmp_path / "ev.jsonl"
+    rows.write_text(json.dumps({"prompt": "1*a", "answer": "a"}) + "\n" + json.dumps({"prompt": "a" * 600, "answer": "a"}) + "\n")
+    errs = _errors(f"eval.heldout.source={rows}", "eval.heldout.size=0")
+    assert len(errs) == 1 and f"{rows}:2: error: held-out set 'heldout': the prompt is" in errs[0] and "over the limit of 511" in errs[0], errs
+    skip = [f"eval.heldout.source={rows}", "eval.heldout.size=0", "nodes.prompts.params.on_error=skip"]
+    assert [": warning: " in d for d in _errors(*skip)] == [True]
+    late = tmp_path / "late.jsonl"   # `dora validate` reads a file's first 100 rows; the run reads every row at its start
+    late.write_text((json.dumps({"prompt": "1*a", "answer": "a"}) + "\n") * 100
+                    + json.dumps({"prompt": "a" * 600, "answer": "a"}) + "\n")
+    assert not [e for e in _errors(f"eval.heldout.source={late}", "eval.heldout.size=0") if ": error: " in e]
+    graph = load_graph(QUICKSTART, [f"eval.heldout.source={late}", "eval.heldout.size=0"])
+    assert execute(graph, str(tmp_path / "run"), quiet=True) == 2
+    assert f"{late}:101: the prompt is 600 tokens" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "metrics.jsonl").read_text()
+    from dora.ops.eval_data import loaded_prompts
+    from dora.ops.models import load_tokenizer
+    sets = resolve(load_graph(QUICKSTART, skip)).evals
+    loaded = loaded_prompts(sets["heldout"], load_tokenizer(load_graph(QUICKSTART, []).model))
+    assert len(loaded.records) == 1 and loaded.skipped == 1 and f"{rows}:2:" in loaded.skipped_where[0]
 
 
 def test_held_out_sets_are_refused_where_they_cannot_be_evaluated():

@@ -20,8 +20,9 @@ import re
 from typing import Any
 
 from dora.graph.diagnostics import Diagnostic, error, warning
-from dora.graph.model import EvalSet, Graph, SOURCE_CHECK
+from dora.graph.model import EvalSet, Graph, SOURCE_CHECK, SourceLoc
 from dora.graph.opspec import OpSpec, did_you_mean, import_object
+from dora.graph.prompt_limits import CONTEXT_OF, NAMED_ROWS, ROOM_OF, TOKENIZER_OF
 from dora.graph.sections import section_specs
 
 # eval.jsonl's metrics per (version, set): also eval/<set>/<metric> in every logger
@@ -64,8 +65,7 @@ def _set_problems(g: Graph, name: str, e: EvalSet, specs, params) -> list[Diagno
         return [error(f"held-out set {name!r} has no source", at(), hint="source: synthetic:NAME, reasoning_gym:NAME or a "
                       ".jsonl / .parquet file")]
     if e.source.endswith((".jsonl", ".json", ".parquet")) and os.path.isfile(e.source):
-        _, bad = import_object(SCAN)(e.source, None, None, None, rows=import_object(FIRST_ROWS))
-        diags += [error(f"held-out set {name!r}: {file}:{line}: {msg}", at("source")) for file, line, msg in bad[:3]]
+        diags += _file_rows_problems(g, name, e, specs, params)
     if e.k is not None and e.k > e.samples:
         diags.append(error(f"held-out set {name!r}: pass@k with k {e.k} needs at least k samples per prompt, but "
                            f"samples is {e.samples}", at("k"), hint=f"raise samples to {e.k} or lower k"))
@@ -111,6 +111,28 @@ def _training_overlap(g: Graph, name: str, e: EvalSet, specs, params) -> list[Di
     return []
 
 
+def _file_rows_problems(g: Graph, name: str, e: EvalSet, specs, params) -> list[Diagnostic]:
+    """The first rows of a set's file as the run reads them: parsed, rendered with the model's tokenizer
+    where it can be had, and held to the set's prompt limit; each bad one named at file:N, an error
+    where the training dataset's on_error fails the run on it, a warning where it skips it."""
+    gens, data = _nodes(specs, "generate"), _nodes(specs, "dataset")
+    gen = params.get(gens[0]) if len(gens) == 1 else None
+    own = next((params[d] for d in data if d in params and params[d]["source"] == e.source), None)
+    dataset = own or next((params[d] for d in data if d in params), {})
+    tokenizer = import_object(TOKENIZER_OF)(g.model) if gen is not None and isinstance(g.model, dict) else None
+    most, why = set_prompt_limit(g, gen, e.max_tokens or gen["max_tokens"]) if gen is not None else (None, "")
+    chat = e.chat_template if e.chat_template is not None else dataset.get("chat_template")
+    _, bad = import_object(SCAN)(e.source, tokenizer, chat, most, rows=import_object(FIRST_ROWS), limit_why=why)
+    make = warning if dataset.get("on_error") == "skip" else error
+    hint = ("the training dataset's on_error: skip: the run skips and counts it" if make is warning else
+            "fix or remove the row; the training dataset's on_error: skip skips such rows, here too")
+    diags = [make(f"held-out set {name!r}: {msg}", SourceLoc(file, line), hint=hint) for file, line, msg in bad[:NAMED_ROWS]]
+    if len(bad) > NAMED_ROWS:
+        diags.append(make(f"held-out set {name!r}: {len(bad) - NAMED_ROWS} more bad row(s) in {e.source}",
+                          g.loc_of(f"eval.{name}.source"), hint=hint))
+    return diags
+
+
 def resolved_seed(e: EvalSet, dataset: dict[str, Any] | None) -> int:
     if e.seed is not None:
         return e.seed
@@ -149,10 +171,24 @@ def resolve_evals(g: Graph, specs: dict[str, OpSpec], params: dict[str, dict[str
         s["on_error"] = e.on_error or (rewards[0]["on_error"] if rewards and e.reward is None else "zero")
         s["on_error"] = "zero" if s["on_error"] == "zero" else "fail"
         s["max_tokens"] = e.max_tokens or (gens[0]["max_tokens"] if gens else 128)
+        s["max_prompt_tokens"], s["limit_why"] = set_prompt_limit(g, gens[0] if gens else None, s["max_tokens"])
+        s["bad_rows"] = (own or first_data or {}).get("on_error", "fail")
         s["k"] = e.k or e.samples
         s["name"] = name
         out[name] = s
     return out
+
+
+def set_prompt_limit(g: Graph, gen: dict[str, Any] | None, max_tokens: int) -> tuple[int | None, str]:
+    """(the longest prompt of a held-out set the generate node (`gen`: its params) takes when it
+    answers in up to `max_tokens` (the set's), why), or (None, "") when the model's context is not known
+    before loading it: the training dataset's rule (dora/graph/prompt_limits.py) with the set's
+    max_tokens."""
+    context = import_object(CONTEXT_OF)(g.model) if gen is not None and isinstance(g.model, dict) else None
+    if context is None:
+        return None, ""
+    most, why = import_object(ROOM_OF)({**gen, "max_tokens": max_tokens}, context)
+    return most, f"the longest prompt the generate node takes: {why}"
 
 
 def source_problem(source: str) -> str | None:

@@ -2,11 +2,14 @@
 
 The RL driver submits them like prompt rows (dora/rl/evaluation.py), tagged with the version to
 evaluate and the set's sampling (`eval_temperature`, `eval_top_p`, `eval_max_tokens`). They differ
-from training requests in three ways:
+from training requests in four ways:
 - they never reach the data edges: a finished one is reported in an `eval_finished` event (its text,
   finish reason, token versions and the prompt row's task columns), which the driver scores;
 - they run only on their own version's weights: one whose version is not hosted here when it
   arrives is not started, and is reported in an `eval_aborted` event (the driver places it again);
+- one the engine refuses (a prompt over its context, where the run could not hold the set's rows to
+  it at the start: dora/rl/evaluation.py) is reported in an `eval_refused` event, and the driver
+  abandons that evaluation;
 - they never stand in the way: interrupt_all takes the training requests only, and with a weight
   slot to spare an older version's evaluation requests go on decoding beside a newly loaded version
   (as its training stragglers do); a load_version that needs their slot (a multi-turn one: any
@@ -39,11 +42,15 @@ class EvalRequests:
         if version not in op.engine.hosted_versions():   # it would run on other weights: not started
             op.ctx.report({"kind": "eval_aborted", "uids": [uid], "reason": f"version {version} not hosted"})
             return
-        if op.agent is not None:
-            op.agent.start(uid, prompt_ids, version, row)
-        else:
-            op.engine.submit(SamplingRequest(uid=uid, prompt_ids=prompt_ids, version=version, stop_ids=op.stop_ids,
-                                             meta={"row": row}, **eval_sampling(row, op.sampling)))
+        try:
+            if op.agent is not None:
+                op.agent.start(uid, prompt_ids, version, row)
+            else:
+                op.engine.submit(SamplingRequest(uid=uid, prompt_ids=prompt_ids, version=version, stop_ids=op.stop_ids,
+                                                 meta={"row": row}, **eval_sampling(row, op.sampling)))
+        except ValueError as e:   # (the engine refuses it, e.g. over its context: the evaluation, not the run, ends)
+            op.ctx.report({"kind": "eval_refused", "uids": [uid], "reason": str(e)})
+            return
         self.version_of[uid] = version
 
     def take_finished(self, done: list[Completion]) -> list[Completion]:

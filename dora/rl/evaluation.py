@@ -62,6 +62,7 @@ class Evaluations:
         self.scorer = EvalScorer(driver)
         self.training_over = False
         self.failed: list[dict[str, Any]] = []
+        self.skipped_rows: dict[str, dict[str, Any]] = {}   # set -> its rows that could not be used
         self.counts = {"requests": 0, "samples": 0, "aborted": 0, "version_mismatch": 0}
 
     @classmethod
@@ -69,6 +70,24 @@ class Evaluations:
         """The driver's evaluations (with no set, every call does nothing); those in eval.jsonl
         already (a resumed run's) are not done again."""
         return cls(driver, sets, {(int(r["version"]), str(r["set"])) for r in getattr(metrics, "evals", [])})
+
+    def load(self) -> None:
+        """Every set's prompts, read once, at the run's start (dora/rl/execute.py): a row that cannot be
+        used (one over the prompt limit included) refuses the run before any work, exit 2 naming it,
+        rather than failing it at the first version that evaluates the set; or, where the training
+        dataset skips bad rows, is skipped and counted (summary.json eval.skipped_rows)."""
+        if not self.sets or self.prompts:
+            return
+        from dora.ops.eval_data import loaded_prompts
+        from dora.ops.models import load_tokenizer
+        tokenizer = load_tokenizer(self.d.graph.model)
+        for name, s in self.sets.items():
+            loaded = loaded_prompts(s, tokenizer)
+            self.prompts[name] = loaded.records
+            if loaded.skipped:
+                self.skipped_rows[name] = {"rows": loaded.skipped, "first": loaded.skipped_where}
+                self.d.progress.status(f"held-out set {name!r}: skipped {loaded.skipped} bad row(s), first: "
+                                       f"{loaded.skipped_where[0]}")
 
     # -- schedule -----------------------------------------------------------------------------------
     def due_sets(self, version: int) -> list[str]:
@@ -125,11 +144,17 @@ class Evaluations:
 
     # -- events ---------------------------------------------------------------------------------------
     def on_event(self, ev: dict[str, Any]) -> None:
-        """A generate replica's eval_finished (samples) or eval_aborted (uids) event; others are not ours."""
+        """A generate replica's eval_finished (samples), eval_aborted or eval_refused (uids) event; others
+        are not ours."""
         if ev.get("kind") == "eval_finished":
             self.on_samples(ev.get("samples") or [])
         elif ev.get("kind") == "eval_aborted":
             self.on_aborted(ev.get("uids") or [])
+        elif ev.get("kind") == "eval_refused":   # (placing it again would be refused again)
+            for uid in ev.get("uids") or []:
+                job = self._job_of(str(uid))
+                if job is not None and not job.abandoned:
+                    self.abandon(job, f"the engine refused {uid}: {ev.get('reason')}")
 
     def on_samples(self, samples: list[dict[str, Any]]) -> None:
         rc = self.d.rc
@@ -192,7 +217,8 @@ class Evaluations:
         self.done = {(v, n) for v, n in self.done if v <= step}
 
     def summary(self) -> dict[str, Any]:
-        out = {"sets": best_of(self.d.metrics.evals), "failed": self.failed, **self.counts,
+        out = {"sets": best_of(self.d.metrics.evals), "failed": self.failed, "skipped_rows": self.skipped_rows,
+               **self.counts,
                "claims": self.d.rc.evals.claims if self.d.rc is not None else 0,
                "unfinished": sorted(j.key for j in self.jobs.values())}
         return out
@@ -203,11 +229,9 @@ class Evaluations:
         return self.jobs.get((int(v[1:]), name))
 
     def _requests(self, version: int, name: str) -> list[Request]:
-        from dora.ops.eval_data import eval_prompts, eval_rows
+        from dora.ops.eval_data import eval_rows
         s = self.sets[name]
-        if name not in self.prompts:
-            from dora.ops.models import load_tokenizer
-            self.prompts[name] = eval_prompts(s, load_tokenizer(self.d.graph.model))
+        self.load()
         return [Request(uid=row["uid"], group_id=row["group_id"], version=version, prompt_tokens=len(row["prompt_ids"]),
                         payload=row) for row in eval_rows(name, s, self.prompts[name], version)]
 

@@ -16,6 +16,7 @@ import time
 import traceback
 from typing import Any
 
+from dora.graph.diagnostics import BadInput
 from dora.graph.policy_roles import policy_dir
 from dora.graph.resolve import resolve
 from dora.graph.validate import FOLDER_NOTE
@@ -182,6 +183,13 @@ def _build(graph, run_dir: str, resolved, roles, *, seed: int, quiet: bool, sour
     progress = RunProgress(total, graph.name, quiet=quiet)
     driver = (MultiPolicyDriver(resolved, roles, metrics, progress) if several else
               RLDriver(resolved, roles, metrics, progress) if roles else None)
+    try:   # the held-out sets' prompts: a row no engine can take refuses the run now, not at its first evaluation
+        if isinstance(driver, RLDriver):
+            driver.evaluations.load()
+    except BadInput as e:
+        print(f"dora run: bad input: {e}", file=sys.stderr)
+        metrics.close()
+        return 2
     restores = None
     if resume is not None:
         restores = _restore(driver, resume, graph)
