@@ -25,6 +25,8 @@ import time
 import types
 from typing import Any
 
+from dora.graph.diagnostics import BadInput
+
 EXAMPLE = """examples:
   dora eval runs/q/checkpoints/step_40                     # the run's own held-out sets (runs/q/pipeline.yaml)
   dora eval pipelines/quickstart.yaml                      # the untrained base model
@@ -212,6 +214,9 @@ def eval_main(argv: list[str] | None = None) -> int:
     op = generate_op(resolved, model, seed, events)
     try:
         results = run_sets(op, sets, events, args.timeout)
+    except BadInput as e:   # a set's row that cannot be used (a prompt over the context), named
+        print(f"dora eval: bad input: {e}", file=sys.stderr)
+        return 2
     except Exception as e:   # a timeout, an engine error: named, exit 1
         print(f"dora eval: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
