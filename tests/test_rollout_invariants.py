@@ -45,6 +45,13 @@ class FakeInstance:
             del self.reqs[u]
         self.eval_aborted += gone
 
+    def abort(self, uids):
+        """The control code drops these evaluation requests (not reported back)."""
+        gone = [u for u in uids if u in self.reqs]
+        for u in gone:
+            del self.reqs[u]
+        return gone
+
     def hosted(self):
         """Its current version and the versions of the requests on it."""
         return {s["r"].version for s in self.reqs.values()} | ({self.version} - {None})
@@ -217,6 +224,11 @@ def run_chaos(mode, seed, steps=30, n_inst=5, g=4, tbs=16, k=3, elastic=0, versi
             assert all(i.holds(s["r"].version) for s in i.reqs.values())
     assert len(batches) >= steps, f"{mode}: only {len(batches)} steps (stuck?)"
     if evals_every:   # training is over: the evaluations still out become due and finish
+        if training is not None:   # (the last step ends and its weights are published, as in a run)
+            step, uids, _ = training
+            trained.extend(uids)
+            c.on_trained(step, step + 1, uids)
+            c.on_published(step + 1)
         c.evals.make_due()
         c.manager.exhausted = True
         for _ in range(20000):
@@ -267,7 +279,7 @@ def test_invariants_under_chaos(mode, seed, elastic):
         assert all(m.staleness_max <= 1 for m in c.step_metrics)
 
 
-@pytest.mark.parametrize("mode", ["sync", "one_step_off", "partial", "dora"])
+@pytest.mark.parametrize("mode", ["sync", "one_step_off", "partial", "dora", "partial_colocated"])
 def test_held_out_evaluations_finish_on_their_version_outside_the_books(mode):
     """Evaluation requests fill what training leaves, on instances of their own version (the fake's
     submit asserts it), are aborted by loads and placed again, and all finish; the training books
@@ -586,14 +598,19 @@ def test_partial_colocated_stops_rollout_while_the_trainer_steps(publish_first):
         clock.t += 1
         for i in insts:
             c.on_finished(i.name, i.progress(rng))
+    evals = [Request(f"eval:s:v0:{j}-0", f"eval:s:v0:{j}", 0, 10, 50) for j in range(3)]
+    c.evals.add(0, evals, due=True)   # (due: placed behind training work)
+    c.tick()
+    assert any(u.startswith("eval:") for i in insts for u in i.reqs)
     batch = c.take_batch()
     paused = c.policy.held()
-    assert paused and not any(i.reqs for i in insts), "rollout still holds requests while the trainer steps"
+    assert paused and not any(i.reqs for i in insts), "rollout (or an evaluation) still runs while the trainer steps"
+    assert c.evals.busy() and len(c.evals.pending[0]) == 3, "the evaluation waits for the barrier to lift"
     c.tick()
     assert not any(i.reqs for i in insts), "dispatched while the trainer steps"
     events = [lambda: c.on_published(1), lambda: c.on_trained(0, 1, [t.uid for t in batch])]
     events[0 if publish_first else 1]()
     assert not any(i.reqs for i in insts)
     events[1 if publish_first else 0]()
-    assert c.policy.held() == 0 and sum(len(i.reqs) for i in insts) >= paused
+    assert c.policy.held() == 0 and sum(len(i.reqs) for i in insts if not i.name.startswith("eval")) >= paused
     assert all(i.version == 1 for i in insts) and all(s["r"].version == 1 for i in insts for s in i.reqs.values())

@@ -29,7 +29,7 @@ def test_modes_keep_their_invariants(mode):
     """With held-out evaluations placed as a run places them (dora/sim/sim_evals.py): they finish
     beside training and the training invariants are untouched (a colocated mode that trains while
     rollout generates fails the run)."""
-    evals = mode != "partial_colocated"   # (not built: its training barrier does not stop evaluations yet)
+    evals = True
     r = simulate(small(mode, **({"eval_every": 3, "eval_prompts": 16} if evals else {})))
     assert r.get("eval_requests", 0) >= (4 * 16 if evals else 0)
     # (the partial modes load every version at its publish: an evaluation longer than a step waits for the end)

@@ -202,7 +202,7 @@ class Evaluations:
         if rc is not None:
             for name, uids in rc.evals.cancel({r.uid for r in job.missing()}).items():
                 inst = rc.manager.instances.get(name)
-                if inst is not None and hasattr(inst, "abort"):
+                if inst is not None:
                     inst.abort(uids)
         self.failed.append({"version": job.version, "set": job.name, "why": why})
         self.d.progress.status(f"held-out set {job.name!r} at version {job.version} abandoned: {why}")

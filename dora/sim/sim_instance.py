@@ -141,6 +141,20 @@ class SimInstance(SimEngine):
                 s.in_host = True
         self._reschedule()
 
+    def abort(self, uids: list[str]) -> list[str]:
+        """Drop these requests here, as the generate op drops an evaluation's (not reported back); the
+        uids it held."""
+        here = [u for u in uids if u in self.running or u in self.queue or u in self.waiting]
+        if here:
+            self._advance()
+            for u in here:
+                self._take_out(u, False)
+            if not self.running:
+                self.heap.clear()
+            self._versions_changed()
+            self._reschedule()
+        return here
+
     def interrupt_all(self) -> list[RequestState]:
         self._advance()   # (held-out evaluation requests stay, as in the generate op)
         out = [self._take_out(u, False) for u in [*self.running, *self.queue, *self.waiting] if not u.startswith("eval:")]

@@ -61,6 +61,13 @@ class EvalWork:
         for v, reqs in back.items():
             self.pending[v] = reqs + self.pending.get(v, [])
 
+    def withdraw(self, name: str) -> list[str]:
+        """Take the evaluation requests on instance `name` back to wait here (the mode needs it empty:
+        a colocated training barrier); the uids, for the caller to abort there."""
+        uids = sorted(self.on[name])
+        self.aborted(uids)
+        return uids
+
     def cancel(self, uids: set[str]) -> dict[str, list[str]]:
         """Give these requests up (their evaluation was abandoned): instance -> those placed there,
         for the caller to abort."""

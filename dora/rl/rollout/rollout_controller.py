@@ -249,5 +249,5 @@ class RolloutController:
         self.dispatch.place_parked()
         if not self.manager.exhausted:
             self.policy.dispatch()
-        if self.evals.busy():
+        if self.evals.busy() and not self.policy.evaluations_wait():
             self.evals.fill()                # what training work leaves room for

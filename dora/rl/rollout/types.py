@@ -107,7 +107,12 @@ class RolloutInstance(Protocol):
         version or one hosted here (the version of a request still here)."""
 
     def interrupt_all(self) -> list[RequestState]:
-        """Stop every request in flight (partial mode), keeping the tokens so far."""
+        """Stop every training request in flight (partial mode), keeping the tokens so far; held-out
+        evaluation requests stay."""
+
+    def abort(self, uids: list[str]) -> list[str]:
+        """Drop these requests (held-out evaluation requests), nothing kept and nothing reported;
+        the uids that were here."""
 
     def load_version_in_flight(self, v: int) -> None:
         """Make v the current version of the instance AND of every request on it, which goes on

@@ -6,7 +6,8 @@ trainer needs the memory) and nothing is generated while the trainer steps. At t
 instance loads the new weights and the interrupted requests resume under them with a re-prefill of
 prompt + generated tokens (once the step is over: a run's trainer publishes before it reports
 its step, the simulator's after; if the trainer takes its next batch before the publish, rollout
-stays stopped until that step's). C1 is broken as in partial (counted); the staleness
+stays stopped until that step's). Held-out evaluation requests stop at the barrier too: taken off
+every instance (started again from their prompt) and placed nowhere until it lifts. C1 is broken as in partial (counted); the staleness
 cap is partial's."""
 
 from __future__ import annotations
@@ -29,10 +30,16 @@ class PartialColocatedPolicy(PartialPolicy):
 
     def batch_taken(self) -> None:
         self.training = self.stopped = True
-        for name in list(self.c.manager.instances):
+        for name, inst in list(self.c.manager.instances.items()):
             reqs, states = self.interrupt(name)
             if states:
                 self.paused[name] = (reqs, states)
+            evals = self.c.evals.withdraw(name)   # (held-out evaluations wait too: generated again after the step)
+            if evals:
+                inst.abort(evals)
+
+    def evaluations_wait(self) -> bool:
+        return self.stopped
 
     def held(self) -> int:
         return sum(len(states) for _, states in self.paused.values())

@@ -66,6 +66,11 @@ class RolloutPolicy:
     def batch_taken(self) -> None:
         """The trainer just took a batch (it steps from now until the next publish)."""
 
+    def evaluations_wait(self) -> bool:
+        """Are held-out evaluation requests held back now (placed nowhere)? A colocated mode's training
+        barrier: the trainer has the devices."""
+        return False
+
     def held(self) -> int:
         """Trajectories this policy holds off every instance (in flight in the accounting)."""
         return 0
