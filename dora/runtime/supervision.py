@@ -4,7 +4,9 @@ where it was: same inbox endpoint, fresh connections to its neighbours, then the
 what it held (`on_replica_lost`). The ranks of a process group (a sharded op) go together: one lost
 rank takes the others down, and all start again at once (a fresh rendezvous). Before the new
 processes start, `driver.before_respawn(node, why)` may prepare and name what each restores from
-(label -> its OpContext.restore). Anything else fails the run naming the replica."""
+(label -> its OpContext.restore). Anything else fails the run naming the replica: a raised exception
+at once, but for a rank of a process group, whose peer's death may be what it raised on (it is given
+PEER_DEATH_GRACE_S for that death to be seen)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,11 @@ from dora.runtime.errors import RunFailed
 from dora.runtime.worker_record import WorkerRecord
 
 GROUP_LOST = "its process group lost"   # why the other ranks of a process group go with a lost one
+# A rank of a process group that raises may have raised because a peer died inside a collective they
+# shared (gloo: "Connection reset by peer"); its report can arrive before the backend sees the peer's
+# exit. Its error fails the run only if no peer is found lost this long after it: the local backend
+# sees an exit at its next poll, Ray within its actor-death notice.
+PEER_DEATH_GRACE_S = 5.0
 
 
 class Supervisor:
@@ -40,6 +47,8 @@ class Supervisor:
             if w.lost is not None:
                 continue
             if w.error is not None:   # a raised exception is a bug in op code: a fresh process would raise it again
+                if self._group_of(w) and now - w.error_at < PEER_DEATH_GRACE_S:
+                    continue   # (unless a peer's death broke their collective: its exit, seen a moment later, is the cause)
                 self.failed(w, *w.error, respawn=False)
             # before the first heartbeat a worker is importing: the start deadline covers it
             elif w.state != "starting" and now - w.last_hb > c.hb_timeout:

@@ -4,6 +4,7 @@ what a run returns."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 
@@ -30,6 +31,7 @@ class WorkerRecord:
     rejected: int = 0
     stalled_s: float = 0.0      # from heartbeats: inside one op call this long without progress
     error: tuple[str, str | None] | None = None   # (what, traceback) the op raised
+    error_at: float = 0.0                          # when (time.monotonic())
     bad_input: bool = False     # what it raised is the user's input (dora.graph.diagnostics.BadInput)
     lost: str | None = None     # why it is being replaced (respawn pending or under way)
     lost_exited: bool = False
@@ -84,7 +86,7 @@ class WorkerRecord:
             if self.error is None:   # the first one is the cause
                 self.bad_input = bool(msg.get("bad_input"))
                 what = f"found bad input: {msg.get('error')}" if self.bad_input else f"raised in {msg.get('where')}(): {msg.get('error')}"
-                self.error = (what, msg.get("traceback"))
+                self.error, self.error_at = (what, msg.get("traceback")), time.monotonic()
         elif kind == "finished":
             self.state, self.stats = "finished", msg.get("stats") or {}
             self.rejected = int(self.stats.get("rejected", self.rejected))
