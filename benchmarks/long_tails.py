@@ -119,7 +119,7 @@ def fraction_table(rows: list[dict], wls: list[str], gpus: list[int], ks: list[i
                                         for r in hit], "{:.2f}"))
                 ro = spread([100 * r["rollout_only_fraction"] for r in d], "{:.1f}") + "%"
                 viol = "/".join(str(sum(r[f"c{i}_violations"] for r in d)) for i in (1, 2, 3))
-                print(f"| {w} | {g} | {k} | " + " | ".join(vals) + f" | {ro} | {viol} | {d[0]['ideal_tokens_per_s']:,.0f} |")
+                print(f"| {w} | {g} | {k} | " + " | ".join(vals) + f" | {ro} | {viol} | {spread([r['ideal_tokens_per_s'] for r in d], '{:,.0f}')} |")
 
 
 def violations_table(rows: list[dict], wls: list[str], gpus: list[int], ks: list[int]) -> None:
