@@ -83,7 +83,7 @@ def build_cells(a: argparse.Namespace) -> list[tuple[str, dict]]:
     trees = [("after", HERE, AFTER_MODES)] + ([("before", os.path.abspath(a.before), BEFORE_MODES)] if a.before else [])
     cells = []
     for label, root, modes in trees:
-        for w in wls + [a.guard]:
+        for w in wls + ([a.guard] if a.guard and a.lever_k > 0 else []):
             for g in gpus:
                 for k in (ks if w != a.guard else [a.lever_k]):
                     for m in (modes if w != a.guard else ("dora",)):
@@ -91,7 +91,7 @@ def build_cells(a: argparse.Namespace) -> list[tuple[str, dict]]:
                             continue                      # sync does not depend on K
                         for s in seeds:
                             cells.append((root, {"label": label, "workload": w, "gpus": g, "k": k, "mode": m, "seed": s, **base}))
-    for w in wls:
+    for w in (wls if a.lever_k > 0 else []):
         for g in gpus:
             for name, extra in LEVERS.items():
                 if name != "as shipped":
@@ -174,8 +174,9 @@ def main() -> int:
     ap.add_argument("--ks", default="2,3,4")
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--lever-k", type=int, default=3)
-    ap.add_argument("--guard", default="dapo-math", help="workload that must not lose against --before (K = --lever-k)")
+    ap.add_argument("--lever-k", type=int, default=3, help="K of the lever and guard cells (0: none)")
+    ap.add_argument("--guard", default="dapo-math",
+                    help="workload that must not lose against --before (K = --lever-k; '': no guard cells)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", default=None, help="write every cell's row here")
     ap.add_argument("--load", default=None, metavar="JSON", help="print the tables from a --json file; run nothing")
@@ -198,10 +199,11 @@ def main() -> int:
     fraction_table(rows, wls, gpus, ks)
     print("\nC1/C2/C3 violations of every mode (summed over the seeds)\n")
     violations_table(rows, wls, gpus, ks)
-    print(f"\nEach lever on its own, dora at K = {a.lever_k} (fraction of the ideal; mean requests into lanes / "
-          "preemptions)\n")
-    lever_table(rows, wls, gpus, a.lever_k)
-    if any(r["label"] == "before" for r in rows):
+    if any(r["label"] == "lever" for r in rows):
+        print(f"\nEach lever on its own, dora at K = {a.lever_k} (fraction of the ideal; mean requests into lanes / "
+              "preemptions)\n")
+        lever_table(rows, wls, gpus, a.lever_k)
+    if any(r["label"] == "before" and r["workload"] == a.guard for r in rows):
         print(f"\n{a.guard}, dora at K = {a.lever_k}: tokens/s after / before (must not lose more than 1%)\n")
         guard_table(rows, a.guard, gpus)
     return 0
