@@ -4,6 +4,9 @@ simulator (deterministic per seed); then each lever's share at one K, and the da
 
     python benchmarks/long_tails.py --before /tmp/main-src [--workloads longtail-64k,longtail-128k]
         [--gpus 64,128] [--ks 2,3,4] [--seeds 0] [--steps 12] [--jobs 2] [--json out.json]
+    python benchmarks/long_tails.py --load out.json      # the tables again, from a run's rows
+
+With several seeds each cell prints the mean and, in brackets, the lowest and highest seed.
 
 --before DIR: a checkout of the tree to compare with (`git archive main | tar -x -C DIR`); its
 modes that this tree has are run there too (main has sync, partial and dora, not
@@ -64,6 +67,104 @@ def frac(rows: list[dict], **match) -> tuple[float, list[dict]]:
     return (statistics.fmean(r["of_ideal"] for r in hit) if hit else float("nan")), hit
 
 
+def spread(values: list[float], fmt: str) -> str:
+    """The mean, and with several seeds the lowest and highest in brackets."""
+    if not values:
+        return "-"
+    mean = fmt.format(statistics.fmean(values))
+    return mean if len(values) == 1 else f"{mean} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def build_cells(a: argparse.Namespace) -> list[tuple[str, dict]]:
+    """Every (tree, spec) the arguments ask for: modes x K per workload and size, the guard, the levers."""
+    wls, gpus = a.workloads.split(","), [int(g) for g in a.gpus.split(",")]
+    ks, seeds = [int(k) for k in a.ks.split(",")], [int(s) for s in a.seeds.split(",")]
+    base = {"steps": a.steps}
+    trees = [("after", HERE, AFTER_MODES)] + ([("before", os.path.abspath(a.before), BEFORE_MODES)] if a.before else [])
+    cells = []
+    for label, root, modes in trees:
+        for w in wls + ([a.guard] if a.guard and a.lever_k > 0 else []):
+            for g in gpus:
+                for k in (ks if w != a.guard else [a.lever_k]):
+                    for m in (modes if w != a.guard else ("dora",)):
+                        if m == "sync" and k != ks[0]:
+                            continue                      # sync does not depend on K
+                        for s in seeds:
+                            cells.append((root, {"label": label, "workload": w, "gpus": g, "k": k, "mode": m, "seed": s, **base}))
+    for w in (wls if a.lever_k > 0 else []):
+        for g in gpus:
+            for name, extra in LEVERS.items():
+                if name != "as shipped":
+                    for s in seeds:
+                        cells.append((HERE, {"label": "lever", "lever": name, "workload": w, "gpus": g, "k": a.lever_k,
+                                             "mode": "dora", "seed": s, "extra": extra, **base}))
+    return cells
+
+
+def fraction_table(rows: list[dict], wls: list[str], gpus: list[int], ks: list[int]) -> None:
+    cols = [("sync", "after", "sync"), ("partial", "after", "partial"), ("partial_colocated", "after", "partial_colocated"),
+            ("partial_inflight", "after", "partial_inflight"), ("dora (main)", "before", "dora"), ("dora", "after", "dora")]
+    print("| workload | GPUs | K | " + " | ".join(c[0] for c in cols) + " | dora rollout-only | dora C1/C2/C3 | ideal tok/s |")
+    print("|" + "---|" * (len(cols) + 6))
+    for w in wls:
+        for g in gpus:
+            for k in ks:
+                _, d = frac(rows, label="after", workload=w, gpus=g, k=k, mode="dora")
+                ideal_at_k = {r["seed"]: r["ideal_tokens_per_s"] for r in d}
+                vals = []
+                for _, label, m in cols:
+                    _, hit = frac(rows, label=label, workload=w, gpus=g, k=(ks[0] if m == "sync" else k), mode=m)
+                    # sync ran once, at the first K; its share is of this row's ideal (the latency floor depends on K)
+                    vals.append(spread([r["tokens_per_s"] / ideal_at_k[r["seed"]] if m == "sync" else r["of_ideal"]
+                                        for r in hit], "{:.2f}"))
+                ro = spread([100 * r["rollout_only_fraction"] for r in d], "{:.1f}") + "%"
+                viol = "/".join(str(sum(r[f"c{i}_violations"] for r in d)) for i in (1, 2, 3))
+                print(f"| {w} | {g} | {k} | " + " | ".join(vals) + f" | {ro} | {viol} | {spread([r['ideal_tokens_per_s'] for r in d], '{:,.0f}')} |")
+
+
+def violations_table(rows: list[dict], wls: list[str], gpus: list[int], ks: list[int]) -> None:
+    """C1/C2/C3 counts of every mode (summed over seeds): the partial baselines break C1 by design."""
+    print("| workload | GPUs | K | " + " | ".join(AFTER_MODES) + " |")
+    print("|" + "---|" * (len(AFTER_MODES) + 3))
+    for w in wls:
+        for g in gpus:
+            for k in ks:
+                out = []
+                for m in AFTER_MODES:
+                    _, hit = frac(rows, label="after", workload=w, gpus=g, k=(ks[0] if m == "sync" else k), mode=m)
+                    out.append("/".join(str(sum(r[f"c{i}_violations"] for r in hit)) for i in (1, 2, 3)) if hit else "-")
+                print(f"| {w} | {g} | {k} | " + " | ".join(out) + " |")
+
+
+def lever_table(rows: list[dict], wls: list[str], gpus: list[int], lever_k: int) -> None:
+    print("| workload | GPUs | " + " | ".join(LEVERS) + " |")
+    print("|" + "---|" * (len(LEVERS) + 2))
+    for w in wls:
+        for g in gpus:
+            out = []
+            for name in LEVERS:
+                match = ({"label": "after", "mode": "dora", "k": lever_k} if name == "as shipped"
+                         else {"label": "lever", "lever": name})
+                _, hit = frac(rows, workload=w, gpus=g, **match)
+                lanes = statistics.fmean(r["fast_lane_requests"] for r in hit)
+                pre = statistics.fmean(r["preemptions"] for r in hit)
+                out.append(f"{spread([r['of_ideal'] for r in hit], '{:.3f}')} ({lanes:.0f} / {pre:.0f})")
+            print(f"| {w} | {g} | " + " | ".join(out) + " |")
+
+
+def guard_table(rows: list[dict], guard: str, gpus: list[int]) -> None:
+    print("| GPUs | seed | before tok/s | after tok/s | after / before |\n|---|---|---|---|---|")
+    for g in gpus:
+        t = {(r["label"], r["seed"]): r["tokens_per_s"] for r in rows
+             if r["workload"] == guard and r["gpus"] == g and r["label"] in ("before", "after")}
+        seeds = sorted({s for _, s in t})
+        for s in seeds:
+            print(f"| {g} | {s} | {t['before', s]:,.0f} | {t['after', s]:,.0f} | {t['after', s] / t['before', s]:.3f} |")
+        if len(seeds) > 1:
+            b, f = (statistics.fmean(t[lab, s] for s in seeds) for lab in ("before", "after"))
+            print(f"| {g} | mean | {b:,.0f} | {f:,.0f} | {f / b:.3f} |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cell", default=None, help=argparse.SUPPRESS)
@@ -73,80 +174,38 @@ def main() -> int:
     ap.add_argument("--ks", default="2,3,4")
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--lever-k", type=int, default=3)
-    ap.add_argument("--guard", default="dapo-math", help="workload that must not lose against --before (K = --lever-k)")
+    ap.add_argument("--lever-k", type=int, default=3, help="K of the lever and guard cells (0: none)")
+    ap.add_argument("--guard", default="dapo-math",
+                    help="workload that must not lose against --before (K = --lever-k; '': no guard cells)")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", default=None, help="write every cell's row here")
+    ap.add_argument("--load", default=None, metavar="JSON", help="print the tables from a --json file; run nothing")
     a = ap.parse_args()
     if a.cell:
         child(json.loads(a.cell))
         return 0
-    wls, gpus = a.workloads.split(","), [int(g) for g in a.gpus.split(",")]
-    ks, seeds = [int(k) for k in a.ks.split(",")], [int(s) for s in a.seeds.split(",")]
-    base = {"steps": a.steps}
-    trees = [("after", HERE, AFTER_MODES)] + ([("before", os.path.abspath(a.before), BEFORE_MODES)] if a.before else [])
-    cells = []
-    for label, root, modes in trees:
-        for w in wls + [a.guard]:
-            for g in gpus:
-                for k in (ks if w != a.guard else [a.lever_k]):
-                    for m in (modes if w != a.guard else ("dora",)):
-                        if m == "sync" and k != ks[0]:
-                            continue                      # sync does not depend on K
-                        for s in seeds:
-                            cells.append((root, {"label": label, "workload": w, "gpus": g, "k": k, "mode": m, "seed": s, **base}))
-    for w in wls:
-        for g in gpus:
-            for name, extra in LEVERS.items():
-                if name != "as shipped":
-                    for s in seeds:
-                        cells.append((HERE, {"label": "lever", "lever": name, "workload": w, "gpus": g, "k": a.lever_k,
-                                             "mode": "dora", "seed": s, "extra": extra, **base}))
-    rows = run_cells(a.jobs, cells)
+    if a.load:
+        with open(a.load) as fh:
+            rows = json.load(fh)
+    else:
+        rows = run_cells(a.jobs, build_cells(a))
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(rows, fh, indent=1)
-
-    print(f"dora and the baselines as a fraction of the ideal (mean of seeds {a.seeds}, {a.steps} steps; "
-          "'main' = the --before tree)\n")
-    cols = [("sync", "after", "sync"), ("partial", "after", "partial"), ("partial_colocated", "after", "partial_colocated"),
-            ("partial_inflight", "after", "partial_inflight"), ("dora (main)", "before", "dora"), ("dora", "after", "dora")]
-    print("| workload | GPUs | K | " + " | ".join(c[0] for c in cols) + " | dora rollout-only | dora C1/C2/C3 | ideal tok/s |")
-    print("|" + "---|" * (len(cols) + 6))
-    for w in wls:
-        for g in gpus:
-            for k in ks:
-                vals = []
-                for _, label, m in cols:
-                    f, _ = frac(rows, label=label, workload=w, gpus=g, k=(ks[0] if m == "sync" else k), mode=m)
-                    vals.append("-" if f != f else f"{f:.2f}")
-                _, d = frac(rows, label="after", workload=w, gpus=g, k=k, mode="dora")
-                ro = statistics.fmean(r["rollout_only_fraction"] for r in d)
-                viol = "/".join(str(sum(r[f"c{i}_violations"] for r in d)) for i in (1, 2, 3))
-                print(f"| {w} | {g} | {k} | " + " | ".join(vals) + f" | {ro:.1%} | {viol} | {d[0]['ideal_tokens_per_s']:,.0f} |")
-
-    print(f"\nEach lever on its own, dora at K = {a.lever_k} (fraction of the ideal; requests into lanes / "
-          "preemptions)\n")
-    print("| workload | GPUs | " + " | ".join(LEVERS) + " |")
-    print("|" + "---|" * (len(LEVERS) + 2))
-    for w in wls:
-        for g in gpus:
-            out = []
-            for name in LEVERS:
-                match = ({"label": "after", "mode": "dora", "k": a.lever_k} if name == "as shipped"
-                         else {"label": "lever", "lever": name})
-                f, hit = frac(rows, workload=w, gpus=g, **match)
-                n = hit[0]
-                out.append(f"{f:.3f} ({n['fast_lane_requests']} / {n['preemptions']})")
-            print(f"| {w} | {g} | " + " | ".join(out) + " |")
-
-    if a.before:
+    wls, gpus, ks = a.workloads.split(","), [int(g) for g in a.gpus.split(",")], [int(k) for k in a.ks.split(",")]
+    seeds = sorted({r["seed"] for r in rows})
+    print(f"dora and the baselines as a fraction of the ideal (mean of seeds {seeds}, lowest-highest in brackets; "
+          f"{rows[0]['steps']} steps; 'main' = the --before tree)\n")
+    fraction_table(rows, wls, gpus, ks)
+    print("\nC1/C2/C3 violations of every mode (summed over the seeds)\n")
+    violations_table(rows, wls, gpus, ks)
+    if any(r["label"] == "lever" for r in rows):
+        print(f"\nEach lever on its own, dora at K = {a.lever_k} (fraction of the ideal; mean requests into lanes / "
+              "preemptions)\n")
+        lever_table(rows, wls, gpus, a.lever_k)
+    if any(r["label"] == "before" and r["workload"] == a.guard for r in rows):
         print(f"\n{a.guard}, dora at K = {a.lever_k}: tokens/s after / before (must not lose more than 1%)\n")
-        print("| GPUs | before tok/s | after tok/s | after / before |\n|---|---|---|---|")
-        for g in gpus:
-            t = {lab: statistics.fmean(r["tokens_per_s"] for r in rows if r["label"] == lab and r["workload"] == a.guard
-                                       and r["gpus"] == g) for lab in ("before", "after")}
-            print(f"| {g} | {t['before']:,.0f} | {t['after']:,.0f} | {t['after'] / t['before']:.3f} |")
+        guard_table(rows, a.guard, gpus)
     return 0
 
 
