@@ -8,7 +8,8 @@ sample of a group has the same reward, so every advantage is 0); the column "mix
 prompts whose samples differ. Failing responses are sorted by why: no code block, the wrong function
 name, cut by max_tokens, or wrong (ran, failed cases).
 
-    python benchmarks/code_base_rates.py --prompts 4 --samples 8 --max-tokens 64
+    python benchmarks/code_base_rates.py --prompts 3 --samples 8 --max-tokens 64
+    python benchmarks/code_base_rates.py --model '{"path": "RUN/checkpoints/step_20"}' --templates reverse count
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 sys.path.insert(0, __file__.rsplit("/benchmarks/", 1)[0])
 from dora.ops.models import load_policy  # noqa: E402
 from dora.ops.prompt_rows import render  # noqa: E402
-from dora.ops.tasks.code_functions import TEMPLATES, row  # noqa: E402
+from dora.ops.tasks.code_functions import row, select  # noqa: E402
 from dora.ops.tools.code_exec import CodeExecScorer, extract_program  # noqa: E402
 
 
@@ -71,6 +72,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--show", type=int, default=1, help="failing responses printed per template")
+    p.add_argument("--templates", nargs="+", help="only these templates (default: every one)")
     p.add_argument("--json", help="write the per-template table here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -80,7 +82,7 @@ def main(argv=None):
     rng = random.Random(args.seed)
     table = []
     t0 = time.perf_counter()
-    for template in TEMPLATES:
+    for template in select(args.templates):
         rows = [row(template, rng, 4) for _ in range(args.prompts)]
         prompts = [render(r, tok, None)["prompt_ids"] for r in rows]
         t_gen = time.perf_counter()
