@@ -2,14 +2,15 @@
 task of the code_exec reward (dora/ops/tools/code_exec.py), generated offline from templates.
 
 Prompt (chat messages): a system message asking for one ```python block, one worked example (a
-function and its block), then the task, e.g. "Write a Python function `add_7(x)` that returns x plus
-7." The answer is the tests as code_exec reads them: {"fn": NAME, "calls": [{"args": [...],
+function and its block), then the task, e.g. "Write a Python function `times_7(x)` that returns x
+multiplied by 7." The answer is the tests as code_exec reads them: {"fn": NAME, "calls": [{"args": [...],
 "output": ...}, ...]}, `calls` cases from the template's reference implementation on random inputs.
 The reward (fn code_exec, or fn synthetic through `score`) is the pass rate in the sandbox.
 
 Templates vary the function's name and constants, so a model must read the task. A few are
-trivial, most take a loop or a library call: SmolLM2-135M-Instruct solves some at the start and
-fails others, so groups of its samples differ (docs/benchmarks.md).
+trivial, most take a loop or a library call. SmolLM2-135M-Instruct always passes some, never others;
+task_params `templates` (names, e.g. [reverse, count]) picks the ones to train on, and
+benchmarks/code_base_rates.py measures a model's pass rate on each (docs/benchmarks.md).
 """
 
 from __future__ import annotations
