@@ -5,6 +5,7 @@ programs that try to pass without solving (exit early, look for the answers)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -105,3 +106,19 @@ def test_the_code_task_rows_score_their_reference():
             checked += 1
             sources.pop(stem)
     assert checked == 3
+
+
+def test_the_code_task_takes_templates_by_name_and_validate_names_a_wrong_one(tmp_path):
+    from test_graph_helpers import BASE, errors, line_of
+
+    rows = get_task("code_functions").make(40, seed=1, templates=["reverse", "count"])
+    assert {json.loads(r["answer"])["fn"].split("_")[0] for r in rows} == {"reverse", "count"}
+    assert get_task("code_functions").make(5, seed=1) == get_task("code_functions").make(5, seed=1, templates=None)
+    for bad, said in ((["revers"], "unknown templates ['revers']; known: times,"), ("reverse", "list of names"),
+                      ([], "list of names")):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            get_task("code_functions").make(1, seed=0, templates=bad)
+    text = BASE.replace("params: {group_size: 4}", "params: {group_size: 4, source: 'synthetic:code_functions',\n"
+                        "                                task_params: {templates: [revers]}}")
+    (d,) = errors(tmp_path, text)
+    assert d.node == "prompts" and "unknown templates ['revers']" in d.message and d.loc.line == line_of(text, "revers")

@@ -57,6 +57,7 @@ DATASET = OpSpec(
         P("holdout", "float", 0.0, "share of the source's distinct prompts kept out of training, chosen by a hash of "
           "the prompt text (held-out sets with split: holdout evaluate on exactly those)", min=0, max=0.9),
     ),
+    check="dora.ops.dataset_settings:check_params",
     impl="dora.ops.dataset:DatasetOp",
 )
 

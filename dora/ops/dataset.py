@@ -116,7 +116,7 @@ def load_records(source: str, size: int, seed: int, task_params: dict[str, Any])
         task = get_task(source)
         try:
             rows = task.make(size, seed, **task_params)
-        except TypeError as e:
+        except (TypeError, ValueError) as e:
             raise DatasetError(f"{source}: bad task_params {task_params}: {e}") from None
         return [{"prompt": r["prompt"], "answer": str(r["answer"]), "task": source} for r in rows]
     if source.startswith("reasoning_gym:"):

@@ -19,6 +19,26 @@ def is_file_source(source: str) -> bool:
     return source.endswith(FILE_SUFFIXES)
 
 
+def check_params(p: dict) -> list[tuple[str, str]]:
+    """The dataset op's rules across params (dora validate): a synthetic task's `task_params` are the
+    arguments its generator takes, with values it accepts (one row is generated to find out)."""
+    problem = task_params_problem(p["source"], p["task_params"], p["seed"])
+    return [("task_params", problem)] if problem else []
+
+
+def task_params_problem(source: str, task_params: dict, seed: int = 0) -> str | None:
+    """What a synthetic task's generator says of `task_params` (None: fine, or not a synthetic task)."""
+    if not source.startswith("synthetic:") or source_problem(source):
+        return None
+    from dora.ops.tasks import get_task
+
+    try:
+        get_task(source).make(1, seed, **task_params)
+    except (TypeError, ValueError) as e:
+        return f"{source}: bad task_params {task_params}: {e}"
+    return None
+
+
 def source_problem(source: str) -> str | None:
     """What is wrong with a `source` param before any data is read (None: it can be loaded)."""
     from dora.graph.opspec import did_you_mean
