@@ -74,7 +74,10 @@ def settings_problems(g: Graph, specs: dict[str, OpSpec | None]) -> list[Diagnos
 def _fast_lane_problems(g: Graph, specs: dict[str, OpSpec | None]) -> list[Diagnostic]:
     """async.fast_lanes must leave the newest version at least one generate replica."""
     lanes = g.async_.fast_lanes
-    replicas = sum(g.nodes[n].replicas for n in nodes_with(specs, "generate"))
+    counts = [g.nodes[n].replicas for n in nodes_with(specs, "generate")]
+    if not all(isinstance(r, int) and not isinstance(r, bool) for r in counts):
+        return []   # (a replicas that is not a count is its node's own error)
+    replicas = sum(counts)
     if not isinstance(lanes, int) or lanes < 1 or not replicas or lanes < replicas:
         return []
     return [error(f"async.fast_lanes {lanes} leaves no generate replica for the newest version: the pipeline has "
