@@ -92,6 +92,7 @@ def _run_start_up(path: str, overrides: list[str]) -> None:
 @example((os.path.join(ROOT, "pipelines", "dapo.yaml"), ["async.max_staleness=0"]))        # dora needs K >= 1
 @example((os.path.join(ROOT, "pipelines", "quickstart.yaml"), ["async.train_batch=62"]))   # not whole groups
 @example((os.path.join(ROOT, "pipelines", "grpo.yaml"), ["nodes.train.params.loss=ppo_clp"]))
+@example((os.path.join(ROOT, "pipelines", "agentic_calc.yaml"), ["nodes.rollout.replicas=null"]))   # (crashed validate once)
 def test_validate_ok_implies_run_start_up_ok(case):
     path, overrides = case
     graph, diags = check_file(path, overrides)
