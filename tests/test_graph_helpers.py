@@ -118,7 +118,7 @@ def valid_graphs(draw) -> Graph:
     group = draw(st.sampled_from([1, 2, 4, 8]))
     sync = draw(st.sampled_from(["file", "broadcast"]))   # both ends of the weights edge agree; broadcast needs torch
     engine = "torch" if sync == "broadcast" else draw(st.sampled_from(["torch", "vllm"]))
-    fixed = {"dataset": {"group_size": group},
+    fixed = {"dataset": {"group_size": group, "task_params": {}},   # (the task's generator checks its own arguments)
              "generate": {"weight_sync": sync, "engine": engine,
                           "dtype": draw(st.sampled_from(["float32", "bfloat16"])),
                           # single-turn, or multi-turn with a tool (whose rules tie these together)
