@@ -7,8 +7,8 @@ instance loads the new weights and the interrupted requests resume under them wi
 prompt + generated tokens (once the step is over: a run's trainer publishes before it reports
 its step, the simulator's after; if the trainer takes its next batch before the publish, rollout
 stays stopped until that step's). Held-out evaluation requests stop at the barrier too: taken off
-every instance (started again from their prompt) and placed nowhere until it lifts. C1 is broken as in partial (counted); the staleness
-cap is partial's."""
+every instance (started again from their prompt) and placed nowhere until it lifts. C1 is broken
+as in partial (counted); the staleness cap is partial's."""
 
 from __future__ import annotations
 
